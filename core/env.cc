@@ -1,0 +1,90 @@
+#include "env.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "comms/error.h"
+
+namespace comms::env {
+namespace {
+
+constexpr Variable kVariables[] = {
+    {"COMMS_BACKEND", "", "Backend string for comms created without one, e.g. cpu:gloo,cuda:nccl. Unset: cpu:gloo, plus cuda:nccl when a CUDA device and the nccl plugin are present."},
+    {"COMMS_INIT_TIMEOUT", "5m", "Timeout of communicator initialisation and rendezvous (250ms, 30s, 5m, or plain seconds). CommOptions::init_timeout wins over it."},
+    {"COMMS_OP_TIMEOUT", "10m", "Timeout of each operation. CommOptions::op_timeout and OpOptions::timeout win over it."},
+    {"COMMS_STORE", "", "Rendezvous store: file:///shared/dir or tcp://host:port. Unset: MASTER_ADDR/MASTER_PORT, or an in-process store for a single process."},
+    {"COMMS_LAUNCHER_STORE", "0", "1: the launcher (commsrun) hosts the TCP store at MASTER_ADDR:MASTER_PORT. 0: rank 0 hosts it."},
+    {"COMMS_PLUGIN_PATH", "", "Colon-separated directories searched for libcomms-<name>.so before the install and build directories."},
+    {"COMMS_BACKEND_LIB_<NAME>", "", "Exact plugin file for backend <name> (upper case), e.g. COMMS_BACKEND_LIB_GLOO=/opt/libcomms-gloo.so. Wins over every search directory."},
+    {"COMMS_HINTS_STRICT", "1", "1: an unknown hint key is an error. 0: it is a warning and the key is ignored."},
+    {"COMMS_LOG_LEVEL", "warning", "debug, info, warning or error. At info, every comm logs its effective configuration when created."},
+    {"COMMS_RANK", "", "Rank of this process; wins over every launcher's variables."},
+    {"COMMS_WORLD_SIZE", "", "Number of processes; read with COMMS_RANK."},
+    {"COMMS_LOCAL_RANK", "", "Rank among the processes on this host; the default device index."},
+    {"COMMS_LOCAL_WORLD_SIZE", "", "Processes on this host; CPU backends busy-poll only when it is at most the number of cores."},
+    {"RANK", "", "Rank, as set by torchrun and commsrun."},
+    {"WORLD_SIZE", "", "World size, as set by torchrun and commsrun."},
+    {"LOCAL_RANK", "", "Local rank, as set by torchrun and commsrun."},
+    {"LOCAL_WORLD_SIZE", "", "Local world size, as set by torchrun and commsrun."},
+    {"MASTER_ADDR", "", "Host of the TCP store."},
+    {"MASTER_PORT", "", "Port of the TCP store."},
+    {"OMPI_COMM_WORLD_RANK", "", "Rank under Open MPI's mpirun."},
+    {"OMPI_COMM_WORLD_SIZE", "", "World size under Open MPI's mpirun."},
+    {"OMPI_COMM_WORLD_LOCAL_RANK", "", "Local rank under Open MPI's mpirun."},
+    {"OMPI_COMM_WORLD_LOCAL_SIZE", "", "Local world size under Open MPI's mpirun."},
+    {"PMI_RANK", "", "Rank under PMI launchers (MPICH, Intel MPI)."},
+    {"PMI_SIZE", "", "World size under PMI launchers."},
+    {"MPI_LOCALRANKID", "", "Local rank under MPICH/Intel MPI."},
+    {"MPI_LOCALNRANKS", "", "Local world size under MPICH/Intel MPI."},
+    {"SLURM_PROCID", "", "Rank under srun."},
+    {"SLURM_NTASKS", "", "World size under srun."},
+    {"SLURM_LOCALID", "", "Local rank under srun."},
+    {"SLURM_NTASKS_PER_NODE", "", "Local world size under srun (the leading number is used)."},
+    {"COMMS_GLOO_IFNAME", "", "Gloo: network interface to bind (e.g. eth0). Hint gloo.interface wins over it."},
+    {"COMMS_GLOO_HOSTNAME", "", "Gloo: host name or address to bind. Hint gloo.hostname wins over it. Unset (and no interface): the address this process uses to reach the TCP store, else 127.0.0.1."},
+    {"COMMS_GLOO_BUSY_POLL", "auto", "Gloo: auto, 1 or 0. auto busy-polls small ops only when the ranks on this host do not outnumber its cores. Hint gloo.busy_poll wins over it."},
+    {"COMMS_TEST_REPORT_DIR", "", "Test harness only: directory where each test binary writes its per-rank gtest JSON report."},
+};
+
+}  // namespace
+
+std::span<const Variable> documented() { return kVariables; }
+
+std::optional<std::string> get(std::string_view name) {
+  const char* v = std::getenv(std::string(name).c_str());
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+std::chrono::milliseconds parse_duration(std::string_view text, std::string_view what) {
+  std::string_view t = absl::StripAsciiWhitespace(text);
+  double scale_ms = 1000.0;  // plain numbers are seconds
+  if (absl::ConsumeSuffix(&t, "ms")) scale_ms = 1;
+  else if (absl::ConsumeSuffix(&t, "s")) scale_ms = 1000;
+  else if (absl::ConsumeSuffix(&t, "m")) scale_ms = 60'000;
+  else if (absl::ConsumeSuffix(&t, "h")) scale_ms = 3'600'000;
+  double value = 0;
+  if (t.empty() || !absl::SimpleAtod(t, &value) || value <= 0 || value > 1e9) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat(what, ": '", text,
+                             "' is not a positive duration (use e.g. 250ms, 30s, 5m, 1h, or seconds)"));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(value * scale_ms + 0.5));
+}
+
+int get_int(std::string_view name, int fallback) {
+  auto v = get(name);
+  if (!v) return fallback;
+  int out = 0;
+  if (!absl::SimpleAtoi(*v, &out)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat(name, "='", *v, "' is not an integer"));
+  }
+  return out;
+}
+
+}  // namespace comms::env

@@ -1,0 +1,227 @@
+// The backend plugin ABI. A backend is a shared module named
+// libcomms-<name>.so that exports one C symbol, comms_plugin_entry, returning
+// a PluginDescriptor. Everything a plugin needs is in this header and the
+// headers it includes; a plugin does not link libcomms.
+//
+// Versioning: abi_version is the first field of the descriptor and never
+// moves. libcomms refuses a plugin whose abi_version differs from its own
+// COMMS_PLUGIN_ABI_VERSION, naming both. Any change to the types below bumps
+// the version. Plugins are never unloaded.
+//
+// Errors: plugin functions return comms::Status and never throw across this
+// boundary (libcomms also catches, and reports a throw as kInternal).
+//
+// Division of work: libcomms validates every argument (counts, dtypes, roots,
+// peers, devices, aliasing) before a backend sees an op, numbers ops, routes
+// hints, and names comms, ops and ranks in error messages. A backend moves
+// the data, enforces timeouts, and reports failures.
+//
+// Minimal plugin:
+//   static comms::Status create(const comms::plugin::BackendInit&,
+//                               std::unique_ptr<comms::plugin::Backend>*);
+//   static const char* const kHintKeys[] = {nullptr};
+//   extern "C" const comms::plugin::PluginDescriptor* comms_plugin_entry() {
+//     static const comms::plugin::PluginDescriptor d = {
+//         COMMS_PLUGIN_ABI_VERSION, "mybackend", "1.0",
+//         comms::plugin::device_bit(comms::DeviceType::kCpu), kHintKeys,
+//         /*device_count=*/nullptr, create, /*explain_hints=*/nullptr};
+//     return &d;
+//   }
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "comms/error.h"
+#include "comms/options.h"
+#include "comms/store.h"
+#include "comms/types.h"
+
+#define COMMS_PLUGIN_ABI_VERSION 1u
+#define COMMS_PLUGIN_ENTRY_SYMBOL "comms_plugin_entry"
+
+namespace comms::plugin {
+
+constexpr uint32_t device_bit(DeviceType t) { return 1u << static_cast<unsigned>(t); }
+
+enum class OpType : uint8_t {
+  kAllReduce,
+  kReduce,
+  kBroadcast,
+  kAllGather,      // output: size * count contiguous elements
+  kAllGatherList,  // output_list: size buffers of count elements
+  kAllGatherV,     // counts[r]: elements from rank r; output: sum(counts)
+  kReduceScatter,  // input: size * count; output: count
+  kReduceScatterV, // counts[r]: elements rank r receives; input: sum(counts)
+  kAllToAll,       // input and output: size * count; count per peer
+  kAllToAllV,      // counts / output_counts: elements sent to / received from r
+  kGather,         // output (root only): size * count
+  kScatter,        // input (root only): size * count
+  kBarrier,
+  kSend,
+  kRecv,
+  kBatchP2P,
+};
+inline constexpr int kNumOpTypes = 16;
+std::string_view op_name(OpType t);
+
+// One operation, validated by libcomms. Spans and pointers are valid only
+// during Backend::submit; an asynchronous backend copies what it keeps.
+struct OpDesc {
+  OpType type = OpType::kBarrier;
+  uint64_t seq = 0;  // 1-based sequence number of the op on its comm
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t count = 0;  // see OpType for what it counts
+  DataType dtype = DataType::kFloat32;
+  Device device;
+  ReduceOp reduce;
+  int root = -1;
+  int peer = -1;
+  uint32_t tag = 0;
+  // True when input aliases output in the op's in-place convention:
+  // all_reduce/reduce/all_to_all: input == output; all_gather: input ==
+  // output + rank * count; reduce_scatter: output == input + rank * count;
+  // gather (root): input == output + root * count; scatter (root): output ==
+  // input + root * count.
+  bool in_place = false;
+  bool async = false;
+  std::span<const size_t> counts;
+  std::span<const size_t> output_counts;
+  std::span<void* const> output_list;
+  std::span<const P2POp> p2p;
+  std::chrono::milliseconds timeout{0};
+  void* stream = nullptr;      // caller's cudaStream_t, or null
+  const Hints* hints = nullptr;  // per-op hints for this backend, prefix removed
+};
+
+// The result of an asynchronous op.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Non-blocking: whether the op finished (successfully or not).
+  virtual bool is_completed() = 0;
+  // kStream: CUDA backends make the op's stream the caller's dependency and
+  // return; CPU backends block. kBlocking: block until the op finished.
+  // Returns the op's status; repeated calls return the same status.
+  virtual Status wait(WaitMode mode) = 0;
+};
+
+struct BackendInit {
+  std::string comm_name;   // the comm's name, for messages
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  // Ranks of the job on this host; CPU backends decide busy-polling from it.
+  int local_size = 1;
+  Device device;           // the device this backend serves; index resolved
+  bool eager = false;      // init() runs inside new_comm (device was given)
+  // Namespaced for this comm incarnation and backend; keys never collide with
+  // other comms. Lives at least as long as the backend.
+  std::shared_ptr<Store> store;
+  std::chrono::milliseconds init_timeout{0};
+  std::chrono::milliseconds op_timeout{0};
+  Hints hints;             // this backend's hints, prefix removed, validated
+  bool abort_process_on_error = false;
+  // Optional logging sink of the host (level: 0 debug, 1 info, 2 warning, 3 error).
+  void (*log)(int level, const char* message) = nullptr;
+};
+
+struct SplitDesc {
+  // Parent ranks of the new group in child-rank order; empty on parent ranks
+  // that are not members (they still call split: NCCL's split is collective
+  // over the parent).
+  std::span<const int> ranks;
+  // The child's init (rank, size, store, timeouts, merged hints). For
+  // non-members only hints and timeouts are meaningful.
+  BackendInit child;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Connects to the peers. Collective over the comm. Called once, inside
+  // new_comm when eager, else before the first op on this backend.
+  virtual Status init() = 0;
+
+  // Runs or enqueues an op. Synchronous ops (op.async false) may run on the
+  // calling thread and leave *work null; asynchronous ops set *work. Ops are
+  // submitted in order from one thread at a time, and must complete in
+  // submission order with respect to each other.
+  virtual Status submit(const OpDesc& op, std::unique_ptr<Work>* work) = 0;
+
+  // Creates the child backend for a split. Collective over the parent.
+  // Non-members return ok with a null child.
+  virtual Status split(const SplitDesc& desc, std::unique_ptr<Backend>* child) = 0;
+
+  // Applies hints at run time, or rejects them with a reason. Keys are this
+  // backend's, prefix removed.
+  virtual Status set_hints(const Hints& hints) = 0;
+
+  // Changes the op timeout for ops submitted from now on.
+  virtual Status set_op_timeout(std::chrono::milliseconds timeout) = 0;
+
+  // Fails every in-flight and future op with kAborted, promptly, and wakes
+  // every thread blocked in the backend. Peers see this rank as failed.
+  virtual void abort(const std::string& reason) = 0;
+
+  // Waits for outstanding ops (bounded by their timeouts), then releases
+  // connections, memory and threads. Returns any failure to release. After
+  // finalize only the destructor may be called.
+  virtual Status finalize() = 0;
+
+  // The effective configuration as a JSON object, e.g. {"transport":"tcp",...}.
+  virtual std::string describe() const = 0;
+
+  // Whether the backend can reduce this type with this operator (on this
+  // device). Rejections are reported as kUnsupported before anything is sent.
+  virtual bool supports_reduction(DataType dtype, ReduceKind kind) const = 0;
+};
+
+struct PluginDescriptor {
+  uint32_t abi_version;  // COMMS_PLUGIN_ABI_VERSION; must stay the first field
+  const char* name;      // lower case, e.g. "gloo"
+  const char* version;   // of the plugin and the library it wraps
+  uint32_t device_types; // bitmask of device_bit(DeviceType)
+  // Hint keys the backend accepts (without prefix); null-terminated.
+  const char* const* hint_keys;
+  // Devices of `type` usable now (0 if none). Null: 1 for every supported type.
+  int (*device_count)(DeviceType type);
+  Status (*create)(const BackendInit& init, std::unique_ptr<Backend>* out);
+  // Optional dry run: the effective configuration the hints would give, as a
+  // JSON object, without creating a backend or touching a device. Rejects
+  // invalid hints with the reason.
+  Status (*explain_hints)(const Hints& hints, std::string* json);
+};
+
+}  // namespace comms::plugin
+
+extern "C" {
+typedef const comms::plugin::PluginDescriptor* (*comms_plugin_entry_fn)();
+}
+
+inline std::string_view comms::plugin::op_name(OpType t) {
+  switch (t) {
+    case OpType::kAllReduce: return "all_reduce";
+    case OpType::kReduce: return "reduce";
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kAllGather: return "all_gather";
+    case OpType::kAllGatherList: return "all_gather_list";
+    case OpType::kAllGatherV: return "all_gather_v";
+    case OpType::kReduceScatter: return "reduce_scatter";
+    case OpType::kReduceScatterV: return "reduce_scatter_v";
+    case OpType::kAllToAll: return "all_to_all";
+    case OpType::kAllToAllV: return "all_to_all_v";
+    case OpType::kGather: return "gather";
+    case OpType::kScatter: return "scatter";
+    case OpType::kBarrier: return "barrier";
+    case OpType::kSend: return "send";
+    case OpType::kRecv: return "recv";
+    case OpType::kBatchP2P: return "batch_p2p";
+  }
+  return "unknown";
+}

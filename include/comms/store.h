@@ -1,0 +1,91 @@
+// Key-value stores for rendezvous: a TCP store (server hosted by the launcher
+// or by rank 0), a file store for shared file systems, an in-process store for
+// single-process jobs, and a prefix store that gives each comm its namespace.
+//
+// Values are byte strings. Every blocking call takes a timeout and throws
+// comms::Error(kTimeout) when it passes; a lost server gives kPeerFailure.
+// All stores are safe to use from several threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace comms {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Waits until the key exists, then returns its value.
+  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Waits until every key exists.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  // Adds `delta` to the integer stored at key (missing counts as 0) and
+  // returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Whether every key exists, without waiting.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  // Returns whether the key existed.
+  virtual bool delete_key(const std::string& key) = 0;
+  // Sets key to `desired` if its value is `expected` (a missing key matches
+  // an empty `expected`). Returns the value after the call: `desired` when it
+  // was swapped, else the current value (`expected` when the key is missing).
+  virtual std::string compare_set(const std::string& key, const std::string& expected,
+                                  const std::string& desired) = 0;
+
+  // The timeout used by callers that have none of their own.
+  std::chrono::milliseconds default_timeout() const { return default_timeout_; }
+  void set_default_timeout(std::chrono::milliseconds t) { default_timeout_ = t; }
+
+  std::string get(const std::string& key) { return get(key, default_timeout_); }
+  void wait(const std::vector<std::string>& keys) { wait(keys, default_timeout_); }
+
+ protected:
+  std::chrono::milliseconds default_timeout_{std::chrono::minutes(5)};
+};
+
+// Connects to a TcpStoreServer, retrying the connection until `connect_timeout`
+// passes (the server may start after the client). Throws kTimeout.
+std::shared_ptr<Store> connect_tcp_store(const std::string& host, uint16_t port,
+                                         std::chrono::milliseconds connect_timeout);
+
+// The server side of the TCP store. It runs on its own thread until destroyed.
+// Frames larger than max_frame_bytes, or malformed, close that connection with
+// an error logged; the server keeps serving everyone else.
+class TcpStoreServer {
+ public:
+  static constexpr size_t kDefaultMaxFrameBytes = 64u << 20;
+
+  // Binds `host` ("127.0.0.1", "0.0.0.0", "::1", a name) at `port` (0 picks a
+  // free one). Throws comms::Error on failure.
+  TcpStoreServer(const std::string& host, uint16_t port,
+                 size_t max_frame_bytes = kDefaultMaxFrameBytes);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  uint16_t port() const;
+  const std::string& host() const;
+  size_t key_count() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A store on a shared file system: one file per key under `directory`, which
+// is created if missing. Waits poll with a short back-off.
+std::shared_ptr<Store> make_file_store(const std::string& directory);
+
+// A store living in this process, for single-process jobs and tests.
+std::shared_ptr<Store> make_memory_store();
+
+// Prefixes every key with "<prefix>/" on `base`.
+std::shared_ptr<Store> make_prefix_store(const std::string& prefix, std::shared_ptr<Store> base);
+
+}  // namespace comms
