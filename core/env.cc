@@ -4,9 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
+#include "strutil.h"
 #include "comms/error.h"
 
 namespace comms::env {
@@ -61,16 +59,16 @@ std::optional<std::string> get(std::string_view name) {
 }
 
 std::chrono::milliseconds parse_duration(std::string_view text, std::string_view what) {
-  std::string_view t = absl::StripAsciiWhitespace(text);
+  std::string_view t = str::strip(text);
   double scale_ms = 1000.0;  // plain numbers are seconds
-  if (absl::ConsumeSuffix(&t, "ms")) scale_ms = 1;
-  else if (absl::ConsumeSuffix(&t, "s")) scale_ms = 1000;
-  else if (absl::ConsumeSuffix(&t, "m")) scale_ms = 60'000;
-  else if (absl::ConsumeSuffix(&t, "h")) scale_ms = 3'600'000;
+  if (str::consume_suffix(t, "ms")) scale_ms = 1;
+  else if (str::consume_suffix(t, "s")) scale_ms = 1000;
+  else if (str::consume_suffix(t, "m")) scale_ms = 60'000;
+  else if (str::consume_suffix(t, "h")) scale_ms = 3'600'000;
   double value = 0;
-  if (t.empty() || !absl::SimpleAtod(t, &value) || value <= 0 || value > 1e9) {
+  if (t.empty() || !str::parse_double(t, &value) || value <= 0 || value > 1e9) {
     throw Error(ErrorCode::kInvalidArgument,
-                absl::StrCat(what, ": '", text,
+                str::cat(what, ": '", text,
                              "' is not a positive duration (use e.g. 250ms, 30s, 5m, 1h, or seconds)"));
   }
   return std::chrono::milliseconds(static_cast<int64_t>(value * scale_ms + 0.5));
@@ -80,9 +78,9 @@ int get_int(std::string_view name, int fallback) {
   auto v = get(name);
   if (!v) return fallback;
   int out = 0;
-  if (!absl::SimpleAtoi(*v, &out)) {
+  if (!str::parse_int(*v, &out)) {
     throw Error(ErrorCode::kInvalidArgument,
-                absl::StrCat(name, "='", *v, "' is not an integer"));
+                str::cat(name, "='", *v, "' is not an integer"));
   }
   return out;
 }

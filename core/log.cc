@@ -1,3 +1,4 @@
+#include "strutil.h"
 #include "log.h"
 
 #include <unistd.h>
@@ -7,7 +8,6 @@
 #include <mutex>
 #include <string>
 
-#include "absl/strings/ascii.h"
 #include "env.h"
 
 namespace comms::log {
@@ -16,7 +16,7 @@ namespace {
 Level level_from_env() {
   auto v = env::get("COMMS_LOG_LEVEL");
   if (!v) return Level::kWarning;
-  std::string s = absl::AsciiStrToLower(*v);
+  std::string s = str::lower(*v);
   if (s == "debug") return Level::kDebug;
   if (s == "info") return Level::kInfo;
   if (s == "error") return Level::kError;

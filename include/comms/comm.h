@@ -45,7 +45,7 @@ std::string_view to_string(BackendState s);
 class Comm {
  public:
   class Impl;
-  explicit Comm(std::unique_ptr<Impl> impl);
+  explicit Comm(std::shared_ptr<Impl> impl);
   ~Comm();  // finalizes if needed; never throws (failures are logged)
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -143,7 +143,7 @@ class Comm {
   Impl& impl() { return *impl_; }
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;
 };
 
 // Creates a communicator. `backend` follows BackendSpec; "" uses

@@ -98,7 +98,8 @@ struct OpDesc {
   const Hints* hints = nullptr;  // per-op hints for this backend, prefix removed
 };
 
-// The result of an asynchronous op.
+// The result of an asynchronous op. It must stay valid, and report the op's
+// final status, after its backend was finalized or destroyed.
 class Work {
  public:
   virtual ~Work() = default;
@@ -126,6 +127,10 @@ struct BackendInit {
   std::chrono::milliseconds op_timeout{0};
   Hints hints;             // this backend's hints, prefix removed, validated
   bool abort_process_on_error = false;
+  // The local address this process uses to reach the rendezvous store ("" if
+  // unknown, e.g. a file store). Network backends bind it by default: it is
+  // routable to the other hosts of the job.
+  std::string store_local_address;
   // Optional logging sink of the host (level: 0 debug, 1 info, 2 warning, 3 error).
   void (*log)(int level, const char* message) = nullptr;
 };

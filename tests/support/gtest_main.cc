@@ -8,7 +8,7 @@
 #include <string>
 
 int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
+  // Set before InitGoogleTest, which is where gtest reads the output flag.
   if (const char* dir = std::getenv("COMMS_TEST_REPORT_DIR"); dir && *dir) {
     std::string binary = argv[0];
     if (auto slash = binary.rfind('/'); slash != std::string::npos) binary = binary.substr(slash + 1);
@@ -16,5 +16,6 @@ int main(int argc, char** argv) {
     GTEST_FLAG_SET(output, std::string("json:") + dir + "/" + binary + ".rank" +
                                (rank && *rank ? rank : "0") + ".json");
   }
+  testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

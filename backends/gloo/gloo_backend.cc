@@ -1,0 +1,996 @@
+#include "gloo_backend.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allgather_ring.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/barrier_all_to_all.h>
+#include <gloo/broadcast.h>
+#include <gloo/broadcast_one_to_all.h>
+#include <gloo/common/error.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include "reductions.h"
+
+namespace comms::gloo_backend {
+namespace {
+
+using plugin::OpType;
+using Clock = std::chrono::steady_clock;
+
+// Slot prefix for point-to-point messages; Gloo's collectives use 0x01..0x0f.
+constexpr uint8_t kP2PSlotPrefix = 0x40;
+
+std::string cat(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (auto p : parts) out.append(p);
+  return out;
+}
+
+template <class F>
+void with_element_type(size_t element_size, F&& f) {
+  switch (element_size) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    default: return f(uint64_t{});
+  }
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+// gloo's rendezvous Store over the comm's (already namespaced) store.
+class StoreAdapter : public ::gloo::rendezvous::Store {
+ public:
+  StoreAdapter(comms::Store& store, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(prefix_ + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string v = store_.get(prefix_ + key, timeout_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_.wait(prefixed(keys), timeout_); }
+  // Gloo passes the context's timeout, which is the op timeout (see
+  // connect_mesh); rendezvous keeps the init timeout.
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
+    store_.wait(prefixed(keys), timeout_);
+  }
+
+ private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    for (const auto& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
+  comms::Store& store_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Small ops run on a second mesh whose pairs are in Gloo's synchronous mode:
+// the calling thread reads its own socket (busy-polling when the host has a
+// core per rank), which skips the event-loop hand-off that dominates small
+// messages. Gloo's algorithm classes bind their buffers at construction, so
+// instances are cached per (op, dtype, reduction, count, root) over staging
+// buffers; every rank issues the same ops, so every rank makes the same
+// cache decisions and the instances' slots stay matched.
+constexpr size_t kFastPathMaxBytes = 256 * 1024;
+constexpr size_t kFastCacheEntries = 32;
+// Up to this many bytes gathered (size x message), an all_reduce gathers every
+// rank's whole buffer and reduces locally: n-1 ring steps instead of 2(n-1).
+// The local reduction runs in rank order, so all ranks get identical bits.
+constexpr size_t kGatherReduceMaxBytes = 64 * 1024;
+
+enum class FastAlgorithm : uint8_t { kRing, kGatherReduce, kBroadcast, kBarrier };
+
+struct FastKey {
+  FastAlgorithm algorithm;
+  OpType type;
+  DataType dtype;
+  ReduceKind kind;
+  int root;
+  size_t count;
+  bool operator==(const FastKey&) const = default;
+};
+
+struct FastEntry {
+  FastKey key;
+  std::vector<uint8_t> staging;
+  std::shared_ptr<void> reduction;  // the ReductionFunction the algorithm points to
+  std::unique_ptr<::gloo::Algorithm> algorithm;
+};
+
+// One transport device (and its event-loop thread) per bind address, shared
+// by every comm of the process.
+std::shared_ptr<::gloo::transport::Device> shared_device(const GlooConfig& cfg) {
+  static std::mutex mu;
+  static auto* devices = new std::map<std::string, std::shared_ptr<::gloo::transport::Device>>();
+  const std::string key = cfg.interface.empty() ? "host:" + cfg.hostname : "iface:" + cfg.interface;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& d = (*devices)[key];
+  if (!d) {
+    ::gloo::transport::tcp::attr attr;
+    if (!cfg.interface.empty()) attr.iface = cfg.interface;
+    else attr.hostname = cfg.hostname;
+    d = ::gloo::transport::tcp::CreateDevice(attr);
+  }
+  return d;
+}
+
+bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  }
+  return false;
+}
+
+std::string endpoint_port(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return std::to_string(ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port));
+  if (a.ss_family == AF_INET6) return std::to_string(ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
+  return {};
+}
+
+// Calls fn(fd) for every socket of this process whose local address is one
+// of `locals`. Gloo keeps its file descriptors private; this is how abort()
+// reaches them without touching Gloo's internals.
+template <class Fn>
+void for_each_socket_bound_to(const std::vector<sockaddr_storage>& locals, Fn fn) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
+    for (const auto& l : locals) {
+      if (same_endpoint(ss, l)) {
+        fn(static_cast<int>(fd));
+        break;
+      }
+    }
+  }
+  closedir(dir);
+}
+
+// An op with everything it points to copied, so it can run later.
+struct OwnedOp {
+  plugin::OpDesc desc;
+  std::vector<size_t> counts, output_counts;
+  std::vector<void*> output_list;
+  std::vector<P2POp> p2p;
+
+  explicit OwnedOp(const plugin::OpDesc& d)
+      : desc(d),
+        counts(d.counts.begin(), d.counts.end()),
+        output_counts(d.output_counts.begin(), d.output_counts.end()),
+        output_list(d.output_list.begin(), d.output_list.end()),
+        p2p(d.p2p.begin(), d.p2p.end()) {
+    desc.counts = counts;
+    desc.output_counts = output_counts;
+    desc.output_list = output_list;
+    desc.p2p = p2p;
+    desc.hints = nullptr;  // per-op hints were applied at submit
+  }
+};
+
+struct Completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+
+  void finish(Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    status = std::move(s);
+    done = true;
+    cv.notify_all();
+  }
+};
+
+class GlooWork : public plugin::Work {
+ public:
+  explicit GlooWork(std::shared_ptr<Completion> c) : c_(std::move(c)) {}
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(c_->mu);
+    return c_->done;
+  }
+  Status wait(WaitMode) override {
+    std::unique_lock<std::mutex> lock(c_->mu);
+    c_->cv.wait(lock, [&] { return c_->done; });
+    return c_->status;
+  }
+
+ private:
+  std::shared_ptr<Completion> c_;
+};
+
+class GlooBackend : public plugin::Backend {
+ public:
+  GlooBackend(const plugin::BackendInit& init, GlooConfig config)
+      : init_(init), config_(std::move(config)), op_timeout_(init.op_timeout) {}
+
+  ~GlooBackend() override {
+    if (!finalized_) finalize();
+  }
+
+  Status init() override;
+  Status submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work>* work) override;
+  Status split(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) override;
+  Status set_hints(const Hints& hints) override;
+  Status set_op_timeout(std::chrono::milliseconds t) override {
+    op_timeout_ = t;
+    return {};
+  }
+  void abort(const std::string& reason) override;
+  Status finalize() override;
+  std::string describe() const override;
+  bool supports_reduction(DataType dtype, ReduceKind kind) const override {
+    return reduce_fn(dtype, kind) != nullptr;
+  }
+
+ private:
+  Status execute(const plugin::OpDesc& op);
+  void run(const plugin::OpDesc& op);
+  Status translate(const std::exception& e, const plugin::OpDesc* op) const;
+  void mark_broken(const std::string& reason);
+  Status broken_status() const;
+  void worker_loop();
+  void* scratch(size_t bytes);
+  int peer_of(const std::string& message) const;
+
+  // Ops, with the Gloo call each is built on.
+  void all_reduce(const plugin::OpDesc& op);
+  void reduce(const plugin::OpDesc& op);
+  void all_gather(const plugin::OpDesc& op, void* output);
+  void reduce_scatter(const plugin::OpDesc& op, std::span<const size_t> counts);
+  void all_to_all_v(const plugin::OpDesc& op, const void* input, std::span<const size_t> in_counts,
+                    std::span<const size_t> out_counts);
+  void gather(const plugin::OpDesc& op);
+  void scatter(const plugin::OpDesc& op);
+  void point_to_point(std::span<const P2POp> ops, std::chrono::milliseconds timeout);
+  void run_locally(const plugin::OpDesc& op);
+  bool fast_path_fits(const plugin::OpDesc& op) const;
+  void run_fast(const plugin::OpDesc& op);
+  FastEntry& fast_entry(const FastKey& key);
+  std::shared_ptr<::gloo::rendezvous::Context> connect_mesh(const std::string& prefix);
+  void finish_reduction(const plugin::OpDesc& op, void* data, size_t n) const;
+
+  plugin::BackendInit init_;
+  GlooConfig config_;
+  std::atomic<std::chrono::milliseconds> op_timeout_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::shared_ptr<::gloo::rendezvous::Context> ctx_;       // async pairs: every op
+  std::shared_ptr<::gloo::rendezvous::Context> fast_ctx_;  // sync pairs: small ops
+  std::chrono::milliseconds fast_timeout_{0};  // fixed in the sync pairs at connect
+  std::vector<FastEntry> fast_cache_;          // most recently used first
+  std::vector<sockaddr_storage> local_endpoints_;  // of our pairs, for abort()
+  std::vector<std::pair<sockaddr_storage, int>> peer_endpoints_;  // remote end -> rank
+  std::vector<uint8_t> scratch_;  // reused across ops; only the executing thread touches it
+
+  // Failure state: after the first fatal error every op fails fast.
+  mutable std::mutex broken_mu_;
+  std::atomic<bool> broken_{false};
+  std::atomic<bool> aborted_{false};
+  std::string broken_reason_;
+
+  // Executor: async ops run in order on one worker; sync ops run on the
+  // caller's thread once the worker is idle (no thread hop on the fast path).
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::condition_variable idle_cv_;
+  std::deque<std::pair<OwnedOp, std::shared_ptr<Completion>>> queue_;
+  int pending_ = 0;  // queued + running
+  bool stop_ = false;
+  std::thread worker_;
+  bool finalized_ = false;
+};
+
+std::shared_ptr<::gloo::rendezvous::Context> GlooBackend::connect_mesh(const std::string& prefix) {
+  auto ctx = std::make_shared<::gloo::rendezvous::Context>(init_.rank, init_.size);
+  // Pairs copy the context timeout when they are created and use it as their
+  // socket read/write timeout, so it must be the op timeout already.
+  ctx->setTimeout(op_timeout_.load());
+  StoreAdapter store(*init_.store, prefix, init_.init_timeout);
+  ctx->connectFullMesh(store, device_);
+  return ctx;
+}
+
+Status GlooBackend::init() {
+  if (init_.size == 1) return {};  // nothing to connect to
+  try {
+    device_ = shared_device(config_);
+    ctx_ = connect_mesh("async/");
+    // The sync pairs take their read timeout now; ops with another timeout
+    // use the async mesh.
+    fast_timeout_ = op_timeout_.load();
+    fast_ctx_ = connect_mesh("sync/");
+    for (int r = 0; r < init_.size; ++r) {
+      if (r != init_.rank) fast_ctx_->getPair(r)->setSync(true, config_.busy_poll_enabled);
+    }
+    // Remember both ends of every connection: the local ends let abort()
+    // find the sockets, the remote ends turn Gloo's "peer [addr]" messages
+    // into ranks.
+    std::vector<int> ranks_of_locals;
+    for (auto* ctx : {ctx_.get(), fast_ctx_.get()}) {
+      for (int r = 0; r < init_.size; ++r) {
+        if (r == init_.rank) continue;
+        auto& pair = ctx->getPair(r);
+        if (!pair) continue;
+        const auto& addr = static_cast<const ::gloo::transport::tcp::Address&>(pair->address());
+        local_endpoints_.push_back(addr.getSockaddr());
+        ranks_of_locals.push_back(r);
+      }
+    }
+    for (size_t i = 0; i < local_endpoints_.size(); ++i) {
+      for_each_socket_bound_to({local_endpoints_[i]}, [&](int fd) {
+        sockaddr_storage peer{};
+        socklen_t len = sizeof peer;
+        if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0) {
+          peer_endpoints_.emplace_back(peer, ranks_of_locals[i]);
+        }
+      });
+    }
+    return {};
+  } catch (const comms::Error& e) {
+    return {e.code(), cat({"rendezvous through the store failed: ", e.what()})};
+  } catch (const std::exception& e) {
+    Status s = translate(e, nullptr);
+    s.message = cat({"connecting the Gloo mesh (", config_.interface.empty() ? "host " : "interface ",
+                     config_.interface.empty() ? config_.hostname : config_.interface, ") failed: ",
+                     s.message});
+    return s;
+  }
+}
+
+bool GlooBackend::fast_path_fits(const plugin::OpDesc& op) const {
+  if (!fast_ctx_ || op.timeout != fast_timeout_) return false;
+  switch (op.type) {
+    case OpType::kBarrier:
+      return true;
+    case OpType::kAllReduce:
+    case OpType::kBroadcast:
+      return op.count > 0 && op.count * element_size(op.dtype) <= kFastPathMaxBytes;
+    default:
+      return false;
+  }
+}
+
+FastEntry& GlooBackend::fast_entry(const FastKey& key) {
+  auto it = std::find_if(fast_cache_.begin(), fast_cache_.end(), [&](const FastEntry& e) { return e.key == key; });
+  if (it != fast_cache_.end()) {
+    std::rotate(fast_cache_.begin(), it, it + 1);
+    return fast_cache_.front();
+  }
+  if (fast_cache_.size() >= kFastCacheEntries) fast_cache_.pop_back();
+  FastEntry e;
+  e.key = key;
+  const size_t bytes = key.count * element_size(key.dtype);
+  e.staging.resize(std::max<size_t>(1, key.algorithm == FastAlgorithm::kGatherReduce
+                                           ? bytes * (static_cast<size_t>(init_.size) + 1)
+                                           : bytes));
+  with_element_type(element_size(key.dtype), [&](auto tag) {
+    using S = decltype(tag);
+    std::vector<S*> ptrs = {reinterpret_cast<S*>(e.staging.data())};
+    const int count = static_cast<int>(key.count);
+    switch (key.algorithm) {
+      case FastAlgorithm::kGatherReduce: {
+        // staging = [this rank's input | size gathered buffers]
+        std::vector<const S*> in = {reinterpret_cast<const S*>(e.staging.data())};
+        e.algorithm = std::make_unique<::gloo::AllgatherRing<S>>(
+            fast_ctx_, in, reinterpret_cast<S*>(e.staging.data() + bytes), count);
+        break;
+      }
+      case FastAlgorithm::kRing: {
+        auto fn = std::make_shared<::gloo::ReductionFunction<S>>(::gloo::CUSTOM, in_place_fn<S>(key.dtype, key.kind));
+        e.algorithm = std::make_unique<::gloo::AllreduceRing<S>>(fast_ctx_, ptrs, count, fn.get());
+        e.reduction = fn;
+        break;
+      }
+      case FastAlgorithm::kBroadcast:
+        e.algorithm = std::make_unique<::gloo::BroadcastOneToAll<S>>(fast_ctx_, ptrs, count, key.root);
+        break;
+      default:
+        e.algorithm = std::make_unique<::gloo::BarrierAllToAll>(fast_ctx_);
+    }
+  });
+  fast_cache_.insert(fast_cache_.begin(), std::move(e));
+  return fast_cache_.front();
+}
+
+void GlooBackend::run_fast(const plugin::OpDesc& op) {
+  const size_t bytes = op.count * element_size(op.dtype);
+  FastAlgorithm algorithm = FastAlgorithm::kBarrier;
+  if (op.type == OpType::kBroadcast) algorithm = FastAlgorithm::kBroadcast;
+  if (op.type == OpType::kAllReduce) {
+    algorithm = bytes * static_cast<size_t>(init_.size) <= kGatherReduceMaxBytes ? FastAlgorithm::kGatherReduce
+                                                                                  : FastAlgorithm::kRing;
+  }
+  const ReduceKind kind = op.type == OpType::kAllReduce ? op.reduce.kind : ReduceKind::kSum;
+  FastEntry& e = fast_entry({algorithm, op.type, op.dtype, kind, op.type == OpType::kBroadcast ? op.root : -1,
+                             op.type == OpType::kBarrier ? 0 : op.count});
+  if (op.type != OpType::kBarrier) std::memcpy(e.staging.data(), op.input, bytes);
+  e.algorithm->run();
+  switch (algorithm) {
+    case FastAlgorithm::kBarrier:
+      return;
+    case FastAlgorithm::kGatherReduce: {
+      const uint8_t* gathered = e.staging.data() + bytes;
+      const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
+      if (init_.size == 1) {
+        std::memcpy(op.output, gathered, bytes);
+      } else {
+        // Rank 0 op rank 1 first, then the rest in order: the same bits on
+        // every rank, whatever its own rank.
+        fn(op.output, gathered, gathered + bytes, op.count);
+        for (int r = 2; r < init_.size; ++r) fn(op.output, op.output, gathered + r * bytes, op.count);
+      }
+      break;
+    }
+    default:
+      std::memcpy(op.output, e.staging.data(), bytes);
+  }
+  if (op.type == OpType::kAllReduce) finish_reduction(op, op.output, op.count);
+}
+
+int GlooBackend::peer_of(const std::string& message) const {
+  // Gloo names peers as "[<address>]:<port>"; match the port and address.
+  for (const auto& [ep, rank] : peer_endpoints_) {
+    const std::string port = endpoint_port(ep);
+    char host[64] = {};
+    if (ep.ss_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(ep).sin_addr, host, sizeof host);
+    } else if (ep.ss_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(ep).sin6_addr, host, sizeof host);
+    }
+    if (message.find(cat({"[", host, "]:", port})) != std::string::npos) return rank;
+  }
+  return -1;
+}
+
+Status GlooBackend::translate(const std::exception& e, const plugin::OpDesc* op) const {
+  const std::string what = e.what();
+  const int peer = op && (op->type == OpType::kSend || op->type == OpType::kRecv) ? op->peer
+                                                                                  : peer_of(what);
+  if (aborted_) return {ErrorCode::kAborted, cat({"aborted: ", broken_reason_, " (", what, ")"}), peer};
+  auto has = [&](const char* s) { return what.find(s) != std::string::npos; };
+  if (has("Timed out") || has("timeout") || has("Timeout")) {
+    return {ErrorCode::kTimeout, what, peer};
+  }
+  if (dynamic_cast<const ::gloo::IoException*>(&e) || has("closed") || has("reset") ||
+      has("Broken pipe") || has("Connection refused")) {
+    return {ErrorCode::kPeerFailure, what, peer};
+  }
+  return {ErrorCode::kInternal, what, peer};
+}
+
+void GlooBackend::mark_broken(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(broken_mu_);
+  if (!broken_) {
+    broken_reason_ = reason;
+    broken_ = true;
+  }
+}
+
+Status GlooBackend::broken_status() const {
+  std::lock_guard<std::mutex> lock(broken_mu_);
+  return {ErrorCode::kAborted, cat({"an earlier failure left this communicator unusable: ", broken_reason_})};
+}
+
+Status GlooBackend::execute(const plugin::OpDesc& op) {
+  if (broken_) return broken_status();
+  try {
+    run(op);
+    return {};
+  } catch (const std::exception& e) {
+    Status s = translate(e, &op);
+    mark_broken(s.message);
+    return s;
+  }
+}
+
+Status GlooBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work>* work) {
+  if (op.hints && !op.hints->empty()) {
+    return {ErrorCode::kInvalidArgument,
+            cat({"the gloo backend takes no per-op hints (got '", op.hints->begin()->first, "')"})};
+  }
+  if (broken_) return broken_status();
+  if (!op.async) {
+    // Ops run in order: wait until the worker drained the async ones.
+    {
+      std::unique_lock<std::mutex> lock(q_mu_);
+      idle_cv_.wait(lock, [&] { return pending_ == 0; });
+    }
+    return execute(op);
+  }
+  auto completion = std::make_shared<Completion>();
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    queue_.emplace_back(OwnedOp(op), completion);
+    ++pending_;
+    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  }
+  q_cv_.notify_one();
+  *work = std::make_unique<GlooWork>(std::move(completion));
+  return {};
+}
+
+void GlooBackend::worker_loop() {
+  std::unique_lock<std::mutex> lock(q_mu_);
+  while (true) {
+    q_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ and drained
+    auto [op, completion] = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    Status s = execute(op.desc);
+    completion->finish(std::move(s));
+    lock.lock();
+    if (--pending_ == 0) idle_cv_.notify_all();
+  }
+}
+
+void* GlooBackend::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+void GlooBackend::finish_reduction(const plugin::OpDesc& op, void* data, size_t n) const {
+  if (op.reduce.kind == ReduceKind::kAvg) divide(data, op.dtype, n, init_.size);
+  else if (op.reduce.kind == ReduceKind::kPremulSum) scale(data, op.dtype, n, op.reduce.scalar);
+}
+
+
+void GlooBackend::all_reduce(const plugin::OpDesc& op) {
+  const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
+  with_element_type(element_size(op.dtype), [&](auto tag) {
+    using T = decltype(tag);
+    ::gloo::AllreduceOptions o(ctx_);
+    if (!op.in_place) o.setInput(static_cast<T*>(const_cast<void*>(op.input)), op.count);
+    o.setOutput(static_cast<T*>(op.output), op.count);
+    o.setReduceFunction(fn);
+    o.setTimeout(op.timeout);
+    ::gloo::allreduce(o);
+  });
+  finish_reduction(op, op.output, op.count);
+}
+
+void GlooBackend::reduce(const plugin::OpDesc& op) {
+  const size_t bytes = op.count * element_size(op.dtype);
+  // Gloo's ring reduce needs an output buffer on every rank.
+  void* out = op.output != nullptr ? op.output : scratch(bytes);
+  const bool in_place = op.input == out;
+  with_element_type(element_size(op.dtype), [&](auto tag) {
+    using T = decltype(tag);
+    ::gloo::ReduceOptions o(ctx_);
+    o.setRoot(op.root);
+    if (!in_place) o.setInput(static_cast<T*>(const_cast<void*>(op.input)), op.count);
+    o.setOutput(static_cast<T*>(out), op.count);
+    o.setReduceFunction(reduce_fn(op.dtype, op.reduce.kind));
+    o.setTimeout(op.timeout);
+    ::gloo::reduce(o);
+  });
+  if (init_.rank == op.root) finish_reduction(op, out, op.count);
+}
+
+void GlooBackend::all_gather(const plugin::OpDesc& op, void* output) {
+  const size_t es = element_size(op.dtype);
+  ::gloo::AllgatherOptions o(ctx_);
+  const bool in_place = output == op.output && op.in_place;
+  if (!in_place) o.setInput(static_cast<uint8_t*>(const_cast<void*>(op.input)), op.count * es);
+  o.setOutput(static_cast<uint8_t*>(output), op.count * es * init_.size);
+  o.setTimeout(op.timeout);
+  ::gloo::allgather(o);
+}
+
+void GlooBackend::all_to_all_v(const plugin::OpDesc& op, const void* input,
+                               std::span<const size_t> in_counts, std::span<const size_t> out_counts) {
+  const size_t es = element_size(op.dtype);
+  std::vector<int64_t> in_bytes(in_counts.size()), out_bytes(out_counts.size());
+  for (size_t i = 0; i < in_counts.size(); ++i) in_bytes[i] = static_cast<int64_t>(in_counts[i] * es);
+  for (size_t i = 0; i < out_counts.size(); ++i) out_bytes[i] = static_cast<int64_t>(out_counts[i] * es);
+  ::gloo::AlltoallvOptions o(ctx_);
+  o.setInput(static_cast<uint8_t*>(const_cast<void*>(input)), in_bytes);
+  o.setOutput(static_cast<uint8_t*>(op.output), out_bytes);
+  o.setTimeout(op.timeout);
+  ::gloo::alltoallv(o);
+}
+
+// Debian's Gloo has no options-style reduce_scatter: exchange the blocks with
+// one all-to-all and reduce locally, which moves each element once (an
+// all_reduce of the whole buffer would move it twice and reduce it size times).
+void GlooBackend::reduce_scatter(const plugin::OpDesc& op, std::span<const size_t> counts) {
+  const size_t es = element_size(op.dtype);
+  const int n = init_.size;
+  const size_t mine = counts[static_cast<size_t>(init_.rank)];
+  std::vector<size_t> recv_counts(static_cast<size_t>(n), mine);
+  uint8_t* tmp = static_cast<uint8_t*>(scratch(mine * es * static_cast<size_t>(n)));
+  plugin::OpDesc exchange = op;
+  exchange.output = tmp;
+  all_to_all_v(exchange, op.input, counts, recv_counts);
+  const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
+  std::memcpy(op.output, tmp, mine * es);
+  for (int r = 1; r < n; ++r) fn(op.output, op.output, tmp + static_cast<size_t>(r) * mine * es, mine);
+  finish_reduction(op, op.output, mine);
+}
+
+void GlooBackend::gather(const plugin::OpDesc& op) {
+  const size_t bytes = op.count * element_size(op.dtype);
+  const void* input = op.input;
+  if (op.in_place) input = std::memcpy(scratch(bytes), op.input, bytes);  // Gloo copies in -> out slice
+  ::gloo::GatherOptions o(ctx_);
+  o.setRoot(op.root);
+  o.setInput(static_cast<uint8_t*>(const_cast<void*>(input)), bytes);
+  if (init_.rank == op.root) o.setOutput(static_cast<uint8_t*>(op.output), bytes * init_.size);
+  o.setTimeout(op.timeout);
+  ::gloo::gather(o);
+}
+
+void GlooBackend::scatter(const plugin::OpDesc& op) {
+  const size_t bytes = op.count * element_size(op.dtype);
+  ::gloo::ScatterOptions o(ctx_);
+  o.setRoot(op.root);
+  if (init_.rank == op.root) {
+    const uint8_t* base = static_cast<const uint8_t*>(op.input);
+    if (op.in_place) base = static_cast<uint8_t*>(std::memcpy(scratch(bytes * init_.size), base, bytes * init_.size));
+    std::vector<uint8_t*> inputs(static_cast<size_t>(init_.size));
+    for (int r = 0; r < init_.size; ++r) inputs[static_cast<size_t>(r)] = const_cast<uint8_t*>(base) + r * bytes;
+    o.setInputs(inputs, bytes);
+  }
+  o.setOutput(static_cast<uint8_t*>(op.output), bytes);
+  o.setTimeout(op.timeout);
+  ::gloo::scatter(o);
+}
+
+void GlooBackend::point_to_point(std::span<const P2POp> ops, std::chrono::milliseconds timeout) {
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers;
+  buffers.reserve(ops.size());
+  for (const auto& p : ops) {
+    auto buf = ctx_->createUnboundBuffer(p.buffer.data, p.buffer.bytes());
+    const uint64_t slot = ::gloo::Slot::build(kP2PSlotPrefix, p.tag);
+    if (p.kind == P2POp::Kind::kSend) buf->send(p.peer, slot);
+    else buf->recv(p.peer, slot);
+    buffers.push_back(std::move(buf));
+  }
+  const auto deadline = Clock::now() + timeout;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto left = std::max(std::chrono::milliseconds(1),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    const bool ok = ops[i].kind == P2POp::Kind::kSend ? buffers[i]->waitSend(left) : buffers[i]->waitRecv(left);
+    if (!ok) throw ::gloo::IoException("point-to-point wait was interrupted");
+  }
+}
+
+// A single rank: every collective is a copy (plus the avg/premul finish).
+void GlooBackend::run_locally(const plugin::OpDesc& op) {
+  const size_t bytes = op.count * element_size(op.dtype);
+  auto copy = [](void* dst, const void* src, size_t n) {
+    if (dst != src && n) std::memmove(dst, src, n);
+  };
+  switch (op.type) {
+    case OpType::kAllReduce:
+    case OpType::kReduce:
+    case OpType::kReduceScatter:
+      if (op.output) {
+        copy(op.output, op.input, bytes);
+        finish_reduction(op, op.output, op.count);
+      }
+      return;
+    case OpType::kReduceScatterV:
+      copy(op.output, op.input, op.counts[0] * element_size(op.dtype));
+      finish_reduction(op, op.output, op.counts[0]);
+      return;
+    case OpType::kAllGather:
+    case OpType::kGather:
+    case OpType::kScatter:
+    case OpType::kAllToAll:
+      copy(op.output, op.input, bytes);
+      return;
+    case OpType::kAllGatherList:
+      copy(op.output_list[0], op.input, bytes);
+      return;
+    case OpType::kAllGatherV:
+      copy(op.output, op.input, op.counts[0] * element_size(op.dtype));
+      return;
+    case OpType::kAllToAllV:
+      copy(op.output, op.input, op.counts[0] * element_size(op.dtype));
+      return;
+    case OpType::kBroadcast:
+    case OpType::kBarrier:
+    case OpType::kBatchP2P:  // validated: no peer but self exists, so empty
+      return;
+    case OpType::kSend:
+    case OpType::kRecv:
+      throw std::invalid_argument("point-to-point needs a peer");
+  }
+}
+
+void GlooBackend::run(const plugin::OpDesc& op) {
+  if (init_.size == 1) return run_locally(op);
+  if (fast_path_fits(op)) return run_fast(op);
+  const size_t es = element_size(op.dtype);
+  switch (op.type) {
+    case OpType::kAllReduce:
+      if (op.count) all_reduce(op);
+      return;
+    case OpType::kReduce:
+      if (op.count) reduce(op);
+      return;
+    case OpType::kBroadcast: {
+      if (!op.count) return;
+      ::gloo::BroadcastOptions o(ctx_);
+      o.setRoot(op.root);
+      o.setOutput(static_cast<uint8_t*>(op.output), op.count * es);
+      o.setTimeout(op.timeout);
+      ::gloo::broadcast(o);
+      return;
+    }
+    case OpType::kAllGather:
+      if (op.count) all_gather(op, op.output);
+      return;
+    case OpType::kAllGatherList: {
+      if (!op.count) return;
+      const size_t bytes = op.count * es;
+      uint8_t* tmp = static_cast<uint8_t*>(scratch(bytes * init_.size));
+      all_gather(op, tmp);
+      for (int r = 0; r < init_.size; ++r) {
+        if (op.output_list[static_cast<size_t>(r)] != tmp + r * bytes) {
+          std::memcpy(op.output_list[static_cast<size_t>(r)], tmp + r * bytes, bytes);
+        }
+      }
+      return;
+    }
+    case OpType::kAllGatherV: {
+      std::vector<size_t> bytes(op.counts.size());
+      size_t total = 0;
+      for (size_t i = 0; i < bytes.size(); ++i) total += bytes[i] = op.counts[i] * es;
+      if (!total) return;
+      ::gloo::AllgathervOptions o(ctx_);
+      if (!op.in_place) o.setInput(static_cast<uint8_t*>(const_cast<void*>(op.input)), bytes[static_cast<size_t>(init_.rank)]);
+      o.setOutput(static_cast<uint8_t*>(op.output), bytes);
+      o.setTimeout(op.timeout);
+      ::gloo::allgatherv(o);
+      return;
+    }
+    case OpType::kReduceScatter: {
+      if (!op.count) return;
+      std::vector<size_t> counts(static_cast<size_t>(init_.size), op.count);
+      reduce_scatter(op, counts);
+      return;
+    }
+    case OpType::kReduceScatterV: {
+      size_t total = 0;
+      for (size_t c : op.counts) total += c;
+      if (total) reduce_scatter(op, op.counts);
+      return;
+    }
+    case OpType::kAllToAll: {
+      if (!op.count) return;
+      const size_t bytes = op.count * es * init_.size;
+      const void* input = op.in_place ? std::memcpy(scratch(bytes), op.input, bytes) : op.input;
+      ::gloo::AlltoallOptions o(ctx_);
+      o.setInput(static_cast<uint8_t*>(const_cast<void*>(input)), bytes);
+      o.setOutput(static_cast<uint8_t*>(op.output), bytes);
+      o.setTimeout(op.timeout);
+      ::gloo::alltoall(o);
+      return;
+    }
+    case OpType::kAllToAllV: {
+      size_t in_total = 0, out_total = 0;
+      for (size_t c : op.counts) in_total += c;
+      for (size_t c : op.output_counts) out_total += c;
+      const void* input = op.input;
+      if (op.in_place && in_total) input = std::memcpy(scratch(in_total * es), op.input, in_total * es);
+      all_to_all_v(op, input, op.counts, op.output_counts);
+      return;
+    }
+    case OpType::kGather:
+      if (op.count) gather(op);
+      return;
+    case OpType::kScatter:
+      if (op.count) scatter(op);
+      return;
+    case OpType::kBarrier: {
+      ::gloo::BarrierOptions o(ctx_);
+      o.setTimeout(op.timeout);
+      ::gloo::barrier(o);
+      return;
+    }
+    case OpType::kSend:
+    case OpType::kRecv: {
+      const P2POp p{op.type == OpType::kSend ? P2POp::Kind::kSend : P2POp::Kind::kRecv,
+                    BufferView{op.type == OpType::kSend ? const_cast<void*>(op.input) : op.output,
+                               op.count, op.dtype, op.device},
+                    op.peer, op.tag};
+      point_to_point({&p, 1}, op.timeout);
+      return;
+    }
+    case OpType::kBatchP2P:
+      point_to_point(op.p2p, op.timeout);
+      return;
+  }
+}
+
+Status GlooBackend::split(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) {
+  if (desc.ranks.empty()) return {};  // a Gloo child is its own mesh: nothing to do here
+  GlooConfig cfg;
+  Status s = resolve_config(desc.child.hints, desc.child.local_size, desc.child.size,
+                            init_.store_local_address, &cfg);
+  if (!s.is_ok()) return s;
+  plugin::BackendInit child_init = desc.child;
+  child_init.store_local_address = init_.store_local_address;
+  auto backend = std::make_unique<GlooBackend>(child_init, std::move(cfg));
+  s = backend->init();
+  if (!s.is_ok()) return s;
+  *child = std::move(backend);
+  return {};
+}
+
+Status GlooBackend::set_hints(const Hints& hints) {
+  for (const auto& [k, v] : hints) {
+    if (k == "busy_poll") {
+      GlooConfig cfg = config_;
+      Hints h{{k, v}};
+      Status s = resolve_config(h, init_.local_size, init_.size, init_.store_local_address, &cfg);
+      if (!s.is_ok()) return s;
+      config_.busy_poll = cfg.busy_poll;
+      config_.busy_poll_enabled = cfg.busy_poll_enabled;
+    } else {
+      return {ErrorCode::kUnsupported,
+              cat({"gloo hint '", k, "' cannot change after the comm connected; pass it when creating the comm"})};
+    }
+  }
+  return {};
+}
+
+void GlooBackend::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(broken_mu_);
+    if (!broken_) broken_reason_ = reason;
+    broken_ = true;
+  }
+  aborted_ = true;
+  // Wake every thread blocked on these sockets (ours and Gloo's loop):
+  // shutdown() makes their reads fail now, and the peers see EOF.
+  for_each_socket_bound_to(local_endpoints_, [](int fd) { ::shutdown(fd, SHUT_RDWR); });
+}
+
+Status GlooBackend::finalize() {
+  if (finalized_) return {};
+  finalized_ = true;
+  {
+    std::unique_lock<std::mutex> lock(q_mu_);
+    idle_cv_.wait(lock, [&] { return pending_ == 0; });
+    stop_ = true;
+  }
+  q_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  fast_cache_.clear();  // algorithms unregister their buffers from the pairs
+  try {
+    if (ctx_) ctx_->closeConnections();
+    if (fast_ctx_) fast_ctx_->closeConnections();
+  } catch (const std::exception& e) {
+    ctx_.reset();
+    fast_ctx_.reset();
+    return {ErrorCode::kInternal, cat({"closing Gloo connections: ", e.what()})};
+  }
+  ctx_.reset();
+  fast_ctx_.reset();
+  return {};
+}
+
+std::string GlooBackend::describe() const {
+  std::ostringstream os;
+  os << "{\"transport\":\"tcp\",\"interface\":\"" << config_.interface << "\",\"hostname\":\""
+     << config_.hostname << "\",\"busy_poll\":\"" << config_.busy_poll
+     << "\",\"busy_poll_enabled\":" << (config_.busy_poll_enabled ? "true" : "false")
+     << ",\"sync_path_max_bytes\":" << kFastPathMaxBytes
+     << ",\"op_timeout_ms\":" << op_timeout_.load().count() << "}";
+  return os.str();
+}
+
+}  // namespace
+
+Status resolve_config(const Hints& hints, int local_size, int size,
+                      const std::string& store_local_address, GlooConfig* out) {
+  GlooConfig cfg;
+  cfg.interface = env_or("COMMS_GLOO_IFNAME", "");
+  cfg.hostname = env_or("COMMS_GLOO_HOSTNAME", "");
+  cfg.busy_poll = env_or("COMMS_GLOO_BUSY_POLL", "auto");
+  for (const auto& [k, v] : hints) {
+    if (k == "interface") {
+      cfg.interface = v;
+      cfg.hostname.clear();
+    } else if (k == "hostname") {
+      cfg.hostname = v;
+      cfg.interface.clear();
+    } else if (k == "busy_poll") {
+      cfg.busy_poll = v;
+    } else {
+      return {ErrorCode::kInvalidArgument, cat({"unknown gloo hint '", k, "'"})};
+    }
+  }
+  if (cfg.busy_poll != "auto" && cfg.busy_poll != "1" && cfg.busy_poll != "0") {
+    return {ErrorCode::kInvalidArgument,
+            cat({"gloo busy_poll='", cfg.busy_poll, "' is not auto, 1 or 0"})};
+  }
+  if (!cfg.interface.empty() && !cfg.hostname.empty()) {
+    return {ErrorCode::kInvalidArgument,
+            "set either a Gloo interface or a hostname, not both (COMMS_GLOO_IFNAME and COMMS_GLOO_HOSTNAME)"};
+  }
+  if (cfg.interface.empty() && cfg.hostname.empty()) {
+    // The address that reaches the store reaches the other hosts too. With
+    // no TCP store, a job on one host stays on loopback.
+    if (!store_local_address.empty()) cfg.hostname = store_local_address;
+    else if (local_size >= size) cfg.hostname = "127.0.0.1";
+    else {
+      char host[256] = {};
+      gethostname(host, sizeof host - 1);
+      cfg.hostname = host;
+    }
+  }
+  cfg.busy_poll_enabled = cfg.busy_poll == "1" || (cfg.busy_poll == "auto" && local_size <= usable_cores());
+  *out = std::move(cfg);
+  return {};
+}
+
+Status create_backend(const plugin::BackendInit& init, std::unique_ptr<plugin::Backend>* out) {
+  GlooConfig cfg;
+  Status s = resolve_config(init.hints, init.local_size, init.size, init.store_local_address, &cfg);
+  if (!s.is_ok()) return s;
+  *out = std::make_unique<GlooBackend>(init, std::move(cfg));
+  return {};
+}
+
+}  // namespace comms::gloo_backend

@@ -1,0 +1,38 @@
+// The plugin entry point of libcomms-gloo.so.
+#include <sstream>
+
+#include "comms/plugin.h"
+#include "gloo_backend.h"
+
+namespace {
+
+using comms::Status;
+using comms::plugin::PluginDescriptor;
+
+Status explain(const comms::Hints& hints, std::string* json) {
+  comms::gloo_backend::GlooConfig cfg;
+  // A dry run has no store connection: report what a single-host job binds.
+  Status s = comms::gloo_backend::resolve_config(hints, 1, 1, "", &cfg);
+  if (!s.is_ok()) return s;
+  std::ostringstream os;
+  os << "{\"gloo_config\":{\"interface\":\"" << cfg.interface << "\",\"hostname\":\"" << cfg.hostname
+     << "\",\"busy_poll\":\"" << cfg.busy_poll << "\"}}";
+  *json = os.str();
+  return {};
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const PluginDescriptor* comms_plugin_entry() {
+  static const PluginDescriptor descriptor = {
+      COMMS_PLUGIN_ABI_VERSION,
+      "gloo",
+      COMMS_GLOO_VERSION,
+      comms::plugin::device_bit(comms::DeviceType::kCpu),
+      comms::gloo_backend::kHintKeys,
+      /*device_count=*/nullptr,
+      comms::gloo_backend::create_backend,
+      explain,
+  };
+  return &descriptor;
+}

@@ -1,0 +1,234 @@
+#include "plugin_registry.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+
+#include "strutil.h"
+#include "comms/error.h"
+#include "env.h"
+
+namespace comms::internal {
+namespace {
+
+constexpr std::string_view kFilePrefix = "libcomms-";
+constexpr std::string_view kFileSuffix = ".so";
+
+bool is_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string dirname_of(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// Where this libcomms.so lives, so the installed plugin directory can be
+// found relative to it (relocatable installs).
+std::string libcomms_dir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&libcomms_dir), &info) && info.dli_fname) {
+    char resolved[4096];
+    if (realpath(info.dli_fname, resolved)) return dirname_of(resolved);
+    return dirname_of(info.dli_fname);
+  }
+  return {};
+}
+
+std::string env_lib_variable(std::string_view name) {
+  return str::cat("COMMS_BACKEND_LIB_", str::upper(name));
+}
+
+}  // namespace
+
+PluginRegistry& PluginRegistry::instance() {
+  static PluginRegistry* registry = new PluginRegistry();  // never destroyed: plugins stay loaded
+  return *registry;
+}
+
+std::vector<std::string> PluginRegistry::search_dirs() const {
+  std::vector<std::string> dirs;
+  if (auto path = env::get("COMMS_PLUGIN_PATH")) {
+    for (auto& d : str::split(*path, ':', true)) dirs.emplace_back(d);
+  }
+  const std::string here = libcomms_dir();
+  if (!here.empty()) dirs.push_back(here + "/" COMMS_INSTALL_PLUGIN_SUBDIR);
+#ifdef COMMS_BUILD_CORE_DIR
+  // Running from the build tree: use the plugins built next to it.
+  char build_core[4096];
+  if (!here.empty() && realpath(COMMS_BUILD_CORE_DIR, build_core) && here == build_core) {
+    for (auto& d : str::split(COMMS_BUILD_PLUGIN_DIRS, ':', true)) {
+      dirs.emplace_back(d);
+    }
+  }
+#endif
+  return dirs;
+}
+
+std::string PluginRegistry::find_file(std::string_view name) const {
+  if (auto exact = env::get(env_lib_variable(name))) return *exact;
+  const std::string file = str::cat(kFilePrefix, name, kFileSuffix);
+  for (const auto& dir : search_dirs()) {
+    std::string candidate = dir + "/" + file;
+    if (is_file(candidate)) return candidate;
+  }
+  return {};
+}
+
+const LoadedPlugin& PluginRegistry::load_locked(const std::string& expected_name,
+                                                const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    throw Error(ErrorCode::kNotFound,
+                str::cat("cannot load plugin '", path, "': ", why ? why : "unknown error"));
+  }
+  auto entry = reinterpret_cast<comms_plugin_entry_fn>(dlsym(handle, COMMS_PLUGIN_ENTRY_SYMBOL));
+  if (entry == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("'", path, "' is not a comms plugin: it does not export ",
+                             COMMS_PLUGIN_ENTRY_SYMBOL));
+  }
+  const plugin::PluginDescriptor* d = entry();
+  if (d == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("plugin '", path, "' returned no descriptor"));
+  }
+  if (d->abi_version != COMMS_PLUGIN_ABI_VERSION) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("plugin '", path, "' was built for plugin ABI version ",
+                             d->abi_version, ", but this libcomms implements ABI version ",
+                             COMMS_PLUGIN_ABI_VERSION, "; rebuild the plugin against this "
+                             "version's include/comms/plugin.h"));
+  }
+  if (d->name == nullptr || d->create == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("plugin '", path, "' has an incomplete descriptor (no name or create)"));
+  }
+  const std::string name = str::lower(d->name);
+  if (!expected_name.empty() && name != expected_name) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("plugin file '", path, "' provides backend '", name,
+                             "', not the requested '", expected_name, "'"));
+  }
+  auto [it, inserted] = loaded_.try_emplace(name, LoadedPlugin{name, path, d});
+  return it->second;
+}
+
+const LoadedPlugin& PluginRegistry::get(std::string_view raw_name) {
+  const std::string name = str::lower(raw_name);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = loaded_.find(name); it != loaded_.end()) return it->second;
+    const std::string path = find_file(name);
+    if (!path.empty()) return load_locked(name, path);
+  }
+  std::vector<std::string> available;
+  for (const auto& p : discover()) {
+    if (p.descriptor) available.push_back(p.name);
+  }
+  throw Error(ErrorCode::kNotFound,
+              str::cat("no plugin provides backend '", name, "' (looked for ", kFilePrefix,
+                           name, kFileSuffix, " in ", env_lib_variable(name), " and ",
+                           str::join(search_dirs(), ":"), "); available backends: ",
+                           available.empty() ? "none" : str::join(available, ", ")));
+}
+
+const LoadedPlugin& PluginRegistry::load_file(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, p] : loaded_) {
+    if (p.path == path) return p;
+  }
+  // Load under its own name, replacing any earlier plugin of that name for
+  // later lookups (the old one stays mapped: plugins are never unloaded).
+  void* probe = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (probe == nullptr) {
+    const char* why = dlerror();
+    throw Error(ErrorCode::kNotFound,
+                str::cat("cannot load plugin '", path, "': ", why ? why : "unknown error"));
+  }
+  auto entry = reinterpret_cast<comms_plugin_entry_fn>(dlsym(probe, COMMS_PLUGIN_ENTRY_SYMBOL));
+  if (entry && entry() && entry()->name) loaded_.erase(str::lower(entry()->name));
+  return load_locked("", path);
+}
+
+std::vector<DiscoveredPlugin> PluginRegistry::discover() {
+  std::vector<std::pair<std::string, std::string>> candidates;  // name, path
+  std::set<std::string> seen;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, p] : loaded_) {
+      if (seen.insert(name).second) candidates.emplace_back(name, p.path);
+    }
+  }
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    if (!std::string_view(kv).starts_with( "COMMS_BACKEND_LIB_")) continue;
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos || eq + 1 == kv.size()) continue;
+    std::string name = str::lower(kv.substr(18, eq - 18));
+    if (seen.insert(name).second) candidates.emplace_back(name, std::string(kv.substr(eq + 1)));
+  }
+  for (const auto& dir : search_dirs()) {
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) continue;
+    std::vector<std::string> files;
+    while (dirent* ent = readdir(d)) {
+      std::string_view f(ent->d_name);
+      if (std::string_view(f).starts_with( kFilePrefix) && std::string_view(f).ends_with( kFileSuffix)) files.emplace_back(f);
+    }
+    closedir(d);
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      std::string name = f.substr(kFilePrefix.size(), f.size() - kFilePrefix.size() - kFileSuffix.size());
+      if (seen.insert(name).second) candidates.emplace_back(name, dir + "/" + f);
+    }
+  }
+  std::vector<DiscoveredPlugin> out;
+  for (auto& [name, path] : candidates) {
+    DiscoveredPlugin p{name, path, nullptr, {}};
+    try {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = loaded_.find(name);
+      p.descriptor = it != loaded_.end() ? it->second.descriptor : load_locked(name, path).descriptor;
+    } catch (const Error& e) {
+      p.error = e.what();
+    }
+    out.push_back(std::move(p));
+  }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.name < b.name; });
+  return out;
+}
+
+std::vector<PluginCapabilities> PluginRegistry::capabilities(bool probe_devices) {
+  std::vector<PluginCapabilities> caps;
+  for (const auto& p : discover()) {
+    if (!p.descriptor) continue;
+    PluginCapabilities c{p.name, p.descriptor->device_types, 0};
+    if (probe_devices) {
+      for (int t = 0; t < kNumDeviceTypes; ++t) {
+        const auto type = static_cast<DeviceType>(t);
+        if (!(c.device_types & plugin::device_bit(type))) continue;
+        int n = 1;
+        if (p.descriptor->device_count) {
+          try {
+            n = p.descriptor->device_count(type);
+          } catch (...) {
+            n = 0;
+          }
+        }
+        if (n > 0) c.devices_present |= plugin::device_bit(type);
+      }
+    }
+    caps.push_back(std::move(c));
+  }
+  return caps;
+}
+
+}  // namespace comms::internal

@@ -1,0 +1,65 @@
+// Finds, loads and caches backend plugins (libcomms-<name>.so). Search order
+// for a name: COMMS_BACKEND_LIB_<NAME>, then each COMMS_PLUGIN_PATH
+// directory, then <dir of libcomms>/comms (installed), then the build tree's
+// backends/* when libcomms runs from the build tree. Plugins are never
+// unloaded.
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "comms/backend_spec.h"
+#include "comms/plugin.h"
+
+namespace comms::internal {
+
+struct LoadedPlugin {
+  std::string name;
+  std::string path;
+  const plugin::PluginDescriptor* descriptor = nullptr;
+};
+
+struct DiscoveredPlugin {
+  std::string name;
+  std::string path;
+  const plugin::PluginDescriptor* descriptor = nullptr;  // null when loading failed
+  std::string error;                                      // why loading failed
+};
+
+class PluginRegistry {
+ public:
+  static PluginRegistry& instance();
+
+  // Loads the plugin once. Throws Error(kNotFound) listing the available
+  // backends, or Error(kInvalidArgument) for an ABI mismatch naming both
+  // versions (or a file that is not a comms plugin).
+  const LoadedPlugin& get(std::string_view name);
+
+  // Every plugin in the search path, loaded; failures reported, not thrown.
+  std::vector<DiscoveredPlugin> discover();
+
+  // Capabilities of every loadable plugin. devices_present is filled only
+  // when `probe_devices` (it may initialise a device runtime).
+  std::vector<PluginCapabilities> capabilities(bool probe_devices);
+
+  // The directories searched, in order.
+  std::vector<std::string> search_dirs() const;
+
+  // The file that would be loaded for `name`, or "" if none exists.
+  std::string find_file(std::string_view name) const;
+
+  // Loads a plugin from an exact file (comms-conformance --plugin). Its name
+  // comes from its descriptor; it wins over the search path afterwards.
+  const LoadedPlugin& load_file(const std::string& path);
+
+ private:
+  const LoadedPlugin& load_locked(const std::string& name, const std::string& path);
+
+  std::mutex mu_;
+  std::unordered_map<std::string, LoadedPlugin> loaded_;
+};
+
+}  // namespace comms::internal

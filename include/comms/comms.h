@@ -1,0 +1,16 @@
+// Everything a trainer needs: #include <comms/comms.h>.
+#pragma once
+
+#include "comms/backend_spec.h"
+#include "comms/bootstrap.h"
+#include "comms/comm.h"
+#include "comms/error.h"
+#include "comms/options.h"
+#include "comms/store.h"
+#include "comms/types.h"
+#include "comms/work.h"
+
+namespace comms {
+// The version of this libcomms, e.g. "0.1.0".
+const char* library_version();
+}  // namespace comms

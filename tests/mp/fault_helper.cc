@@ -1,0 +1,99 @@
+// Runs under commsrun for the fault tests. Modes:
+//   kill   the last rank SIGKILLs itself in the middle of a stream of
+//          all_reduces; the others must get an error, not hang.
+//   skip   the last rank skips one all_reduce; the others must time out
+//          within the op timeout.
+//   abort  rank 0 aborts its comm while an op is in flight; wait() must
+//          throw kAborted promptly.
+// Survivors print "FAULT rank <r> code <code> after_ms <ms>: <message>" and
+// exit 3. SIGTERM is ignored so commsrun's stop signal cannot race the report.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "comms/comms.h"
+
+using namespace comms;
+using Clock = std::chrono::steady_clock;
+
+int report(const Error& e, Clock::time_point since) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count();
+  std::printf("FAULT rank %d code %s after_ms %lld: %s\n", e.rank(), std::string(to_string(e.code())).c_str(),
+              static_cast<long long>(ms), e.what());
+  std::fflush(stdout);
+  return 3;
+}
+
+int main(int argc, char** argv) {
+  signal(SIGTERM, SIG_IGN);
+  const std::string mode = argc > 1 ? argv[1] : "kill";
+  auto world = new_comm("cpu:gloo", Device::cpu(), "world");
+  const int last = world->size() - 1;
+  std::vector<float> x(1024, 1.0f);
+  if (mode == "kill") {
+    auto start = Clock::now();
+    try {
+      for (int i = 0; i < 100000; ++i) {
+        if (world->rank() == last && i == 20) raise(SIGKILL);
+        start = Clock::now();
+        world->all_reduce(BufferView::of(x), ReduceOp::max());
+      }
+    } catch (const Error& e) {
+      return report(e, start);
+    }
+    std::printf("no error on rank %d\n", world->rank());
+    return 0;
+  }
+  if (mode == "skip") {
+    world->all_reduce(BufferView::of(x), ReduceOp::sum());
+    if (world->rank() == last) {
+      std::this_thread::sleep_for(std::chrono::seconds(30));  // stopped by commsrun
+      return 0;
+    }
+    const auto start = Clock::now();
+    try {
+      world->all_reduce(BufferView::of(x), ReduceOp::sum());
+    } catch (const Error& e) {
+      return report(e, start);
+    }
+    std::printf("no error on rank %d\n", world->rank());
+    return 0;
+  }
+  if (mode == "abort") {
+    if (world->rank() != 0) {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      return 0;
+    }
+    OpOptions async;
+    async.async = true;
+    Work w = world->all_reduce(BufferView::of(x), ReduceOp::sum(), async);
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      world->abort("test abort");
+    });
+    const auto start = Clock::now();
+    int rc = 0;
+    try {
+      w.wait();
+      std::printf("no error on rank 0\n");
+    } catch (const Error& e) {
+      rc = report(e, start);
+    }
+    aborter.join();
+    // Later ops fail fast with the same cause.
+    try {
+      world->barrier();
+    } catch (const Error& e) {
+      std::printf("AFTER code %s: %s\n", std::string(to_string(e.code())).c_str(), e.what());
+    }
+    std::fflush(stdout);
+    return rc;
+  }
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}

@@ -1,0 +1,70 @@
+// Faults across processes, driven through commsrun: a peer killed mid-op, a
+// peer that skips an op, and abort() with an op in flight. Each must end in
+// errors on the survivors within the op timeout plus a small margin.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "subprocess.h"
+
+namespace {
+
+using comms::testing::run;
+using namespace std::chrono_literals;
+
+struct Report {
+  int rank;
+  std::string code;
+  long long ms;
+};
+
+std::vector<Report> reports(const std::string& output) {
+  std::vector<Report> out;
+  std::regex re(R"(FAULT rank (\d+) code (\w+) after_ms (\d+))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it) {
+    out.push_back({std::stoi((*it)[1]), (*it)[2], std::stoll((*it)[3])});
+  }
+  return out;
+}
+
+TEST(Faults, APeerKilledMidOpGivesPeerFailureOnEveryOtherRankAndNoHang) {
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "10", "--", FAULT_HELPER, "kill"},
+               {{"COMMS_OP_TIMEOUT", "60s"}}, 50s);
+  ASSERT_NE(p.status, -1) << p.output;
+  EXPECT_NE(p.exit_code(), 0) << p.output;
+  EXPECT_NE(p.output.find("rank 2"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("signal 9"), std::string::npos) << p.output;
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 2u) << p.output;
+  for (const auto& rep : r) {
+    EXPECT_TRUE(rep.code == "peer_failure" || rep.code == "aborted") << "rank " << rep.rank << " got " << rep.code;
+    // Far below the 60 s op timeout: the failure is detected, not waited out.
+    EXPECT_LT(rep.ms, 5000) << "rank " << rep.rank;
+  }
+}
+
+TEST(Faults, APeerThatSkipsAnOpMakesTheOthersTimeOutWithinTheOpTimeout) {
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", FAULT_HELPER, "skip"},
+               {{"COMMS_OP_TIMEOUT", "2s"}}, 50s);
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 2u) << p.output;
+  for (const auto& rep : r) {
+    EXPECT_EQ(rep.code, "timeout") << "rank " << rep.rank << "\n" << p.output;
+    EXPECT_GE(rep.ms, 1900) << "rank " << rep.rank;
+    EXPECT_LT(rep.ms, 2000 + 3000) << "rank " << rep.rank;
+  }
+  EXPECT_NE(p.exit_code(), 0);
+}
+
+TEST(Faults, AbortWakesAnInFlightOpWithAbortedAndLaterOpsFailFast) {
+  auto p = run({COMMSRUN, "-n", "2", "--grace", "5", "--", FAULT_HELPER, "abort"},
+               {{"COMMS_OP_TIMEOUT", "60s"}}, 40s);
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 1u) << p.output;
+  EXPECT_EQ(r[0].rank, 0);
+  EXPECT_EQ(r[0].code, "aborted") << p.output;
+  EXPECT_LT(r[0].ms, 3000) << p.output;
+  EXPECT_NE(p.output.find("AFTER code aborted"), std::string::npos) << p.output;
+}
+
+}  // namespace

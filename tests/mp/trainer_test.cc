@@ -1,0 +1,74 @@
+// The example trainer, as the README promises it works: the same final loss
+// at every world size and backend spelling, a clear error for an unknown
+// backend, and no hang when a rank is killed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+#include <thread>
+
+#include "subprocess.h"
+
+namespace {
+
+using comms::testing::Process;
+using comms::testing::run;
+using namespace std::chrono_literals;
+
+double final_loss(const std::string& output) {
+  std::smatch m;
+  std::regex re(R"(final_loss=([-0-9.eE+na]+))");
+  if (!std::regex_search(output, m, re)) return NAN;
+  return std::stod(m[1]);
+}
+
+double train(int ranks, const std::string& backend, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv = {COMMSRUN, "-n", std::to_string(ranks), "--", TRAINER, "--steps", "60"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto p = run(argv, {{"COMMS_BACKEND", backend}}, 120s);
+  EXPECT_EQ(p.exit_code(), 0) << p.output;
+  const double loss = final_loss(p.output);
+  EXPECT_FALSE(std::isnan(loss)) << p.output;
+  return loss;
+}
+
+TEST(Trainer, FinalLossAgreesAcrossWorldSizesAndBackendSpellings) {
+  const double four = train(4, "cpu:gloo");
+  EXPECT_EQ(train(4, "gloo"), four);
+  for (int n : {1, 2}) {
+    const double loss = train(n, "cpu:gloo");
+    EXPECT_NEAR(loss, four, 1e-5 * std::fabs(four)) << n << " ranks";
+  }
+  EXPECT_LT(four, 0.05) << "the model did not learn";
+}
+
+TEST(Trainer, AnUnknownBackendFailsFastNamingItAndTheAvailableOnes) {
+  auto p = run({COMMSRUN, "-n", "2", "--", TRAINER, "--steps", "5"}, {{"COMMS_BACKEND", "cpu:nope"}}, 30s);
+  EXPECT_NE(p.exit_code(), 0);
+  EXPECT_LT(p.elapsed_s(), 10.0);
+  EXPECT_NE(p.output.find("'nope'"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("available backends: gloo"), std::string::npos) << p.output;
+}
+
+TEST(Trainer, ARankKilledMidRunMakesTheOthersFailWithoutHanging) {
+  Process p = Process::start({COMMSRUN, "-n", "4", "--grace", "20", "--", TRAINER, "--steps", "100000000",
+                              "--print-every", "100"},
+                             {{"COMMS_BACKEND", "cpu:gloo"}, {"COMMS_OP_TIMEOUT", "30s"}});
+  ASSERT_TRUE(p.read_until([](const std::string& o) { return o.find("step 100 ") != std::string::npos; }, 60s))
+      << p.output;
+  auto ranks = comms::testing::children_of(p.pid);
+  ASSERT_EQ(ranks.size(), 4u);
+  const auto killed_at = std::chrono::steady_clock::now();
+  kill(ranks[2], SIGKILL);
+  ASSERT_TRUE(p.wait(30s + 5s)) << p.output;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(seconds, 30.0 + 5.0);
+  EXPECT_NE(p.exit_code(), 0);
+  EXPECT_NE(p.output.find("was killed by signal 9"), std::string::npos) << p.output;
+  // Each survivor reported a comms error (it did not just get killed).
+  int errors = 0;
+  for (size_t pos = 0; (pos = p.output.find("trainer: comms[", pos)) != std::string::npos; ++pos) ++errors;
+  EXPECT_EQ(errors, 3) << p.output;
+}
+
+}  // namespace

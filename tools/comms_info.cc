@@ -1,0 +1,161 @@
+// comms-info: which plugins this libcomms finds, what a backend string maps
+// to, what hints would configure (a dry run, no device needed), and every
+// environment variable the library reads.
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "comm_impl.h"
+#include "comms/comms.h"
+#include "env.h"
+#include "plugin_registry.h"
+#include "strutil.h"
+
+namespace {
+
+using nlohmann::json;
+using namespace comms;
+
+json plugins_json() {
+  json list = json::array();
+  for (const auto& p : internal::PluginRegistry::instance().discover()) {
+    json j;
+    j["name"] = p.name;
+    j["path"] = p.path;
+    if (p.descriptor) {
+      j["version"] = p.descriptor->version ? p.descriptor->version : "";
+      json devices = json::array();
+      for (int t = 0; t < kNumDeviceTypes; ++t) {
+        if (p.descriptor->device_types & plugin::device_bit(static_cast<DeviceType>(t))) {
+          devices.push_back(std::string(to_string(static_cast<DeviceType>(t))));
+        }
+      }
+      j["devices"] = devices;
+      json keys = json::array();
+      for (const char* const* k = p.descriptor->hint_keys; k && *k; ++k) keys.push_back(*k);
+      j["hint_keys"] = keys;
+    } else {
+      j["error"] = p.error;
+    }
+    list.push_back(j);
+  }
+  return list;
+}
+
+json environment_json() {
+  json env = json::object();
+  for (const auto& v : env::documented()) {
+    std::string name = v.name;
+    if (name.find('<') != std::string::npos) continue;  // a family, listed below
+    auto value = env::get(name);
+    env[name] = value ? json(*value) : json(nullptr);
+  }
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    if (!kv.starts_with("COMMS_BACKEND_LIB_")) continue;
+    auto eq = kv.find('=');
+    env[std::string(kv.substr(0, eq))] = std::string(kv.substr(eq + 1));
+  }
+  return env;
+}
+
+// The dry run: route the hints like a comm would, then ask each plugin what
+// configuration they give.
+json explain_hints(const BackendSpec& spec, const Hints& hints) {
+  auto routed = internal::route_hints(hints, spec, "comms-info");
+  json out = json::object();
+  for (int t = 0; t < kNumDeviceTypes; ++t) {
+    const auto type = static_cast<DeviceType>(t);
+    if (!spec.has(type)) continue;
+    const auto& plugin = internal::PluginRegistry::instance().get(spec.backend_for(type));
+    if (!plugin.descriptor->explain_hints) {
+      if (!routed[t].empty()) {
+        throw Error(ErrorCode::kUnsupported,
+                    str::cat("backend '", plugin.name, "' cannot explain hints without a comm"));
+      }
+      continue;
+    }
+    std::string text;
+    Status s = plugin.descriptor->explain_hints(routed[t], &text);
+    if (!s.is_ok()) throw Error(s.code, str::cat(plugin.name, ": ", s.message));
+    for (auto& [k, v] : json::parse(text).items()) out[k] = v;
+  }
+  return out;
+}
+
+void print_text(const json& info) {
+  std::cout << "comms " << info["version"].get<std::string>() << " (plugin ABI "
+            << info["plugin_abi"].get<int>() << ")\n\nplugins:\n";
+  for (const auto& p : info["plugins"]) {
+    if (p.contains("error")) {
+      std::cout << "  " << p["name"].get<std::string>() << "  not loadable: " << p["error"].get<std::string>() << "\n";
+      continue;
+    }
+    std::string devices;
+    for (const auto& d : p["devices"]) devices += (devices.empty() ? "" : ",") + d.get<std::string>();
+    std::cout << "  " << p["name"].get<std::string>() << "  version " << p["version"].get<std::string>()
+              << "  devices " << devices << "  (" << p["path"].get<std::string>() << ")\n";
+  }
+  std::cout << "\nplugin search path:\n";
+  for (const auto& d : info["search_path"]) std::cout << "  " << d.get<std::string>() << "\n";
+  if (info.contains("backend")) {
+    std::cout << "\nbackend '" << info["backend"]["input"].get<std::string>() << "' -> "
+              << info["backend"]["map"].get<std::string>() << "\n";
+  }
+  std::cout << "\nenvironment:\n";
+  for (auto& [k, v] : info["environment"].items()) {
+    std::cout << "  " << k << "=" << (v.is_null() ? "(unset)" : v.get<std::string>()) << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"comms-info: plugins, backend maps, hint dry runs and environment of libcomms"};
+  std::string backend;
+  std::string hints_text;
+  bool as_json = false;
+  auto* backend_opt = app.add_option("--backend", backend, "backend string to parse, e.g. cpu:gloo,cuda:nccl");
+  auto* hints_opt = app.add_option("--hints", hints_text,
+                                   "k=v,... hints: print the configuration they give (dry run)");
+  app.add_flag("--json", as_json, "print one JSON object");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (*hints_opt) {
+      const BackendSpec spec = BackendSpec::parse(backend);
+      json out = explain_hints(spec, parse_hints(hints_text));
+      out["backend"] = spec.to_string();
+      if (as_json) {
+        std::cout << out.dump(2) << "\n";
+      } else {
+        std::cout << "backend " << spec.to_string() << " with hints '" << hints_text << "':\n" << out.dump(2) << "\n";
+      }
+      return 0;
+    }
+    json info;
+    info["version"] = library_version();
+    info["plugin_abi"] = COMMS_PLUGIN_ABI_VERSION;
+    info["plugins"] = plugins_json();
+    info["search_path"] = internal::PluginRegistry::instance().search_dirs();
+    if (*backend_opt) {
+      const BackendSpec spec = BackendSpec::parse(backend);
+      json map = json::object();
+      for (int t = 0; t < kNumDeviceTypes; ++t) {
+        const auto type = static_cast<DeviceType>(t);
+        if (spec.has(type)) map[std::string(to_string(type))] = spec.backend_for(type);
+      }
+      info["backend"] = {{"input", backend}, {"map", spec.to_string()}, {"devices", map}};
+    }
+    info["environment"] = environment_json();
+    if (as_json) std::cout << info.dump(2) << "\n";
+    else print_text(info);
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "comms-info: %s: %s\n", std::string(to_string(e.code())).c_str(), e.what());
+    return 2;
+  }
+}

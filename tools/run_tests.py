@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Runs every test Meson knows about and sums the per-case results.
+
+Each test binary writes per-rank gtest JSON reports into COMMS_TEST_REPORT_DIR
+(tests/support/gtest_main.cc). A case counts once: failed if it failed on any
+rank, skipped if skipped everywhere. Tools that are not gtest binaries print a
+"N passed, N failed, N skipped" line, which is read instead; anything else
+counts as one case by its exit status. The last line printed is the sum:
+"N passed, N failed, N skipped".
+
+usage: run_tests.py BUILD_DIR [--filter SUBSTRING] [--jobs N]
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+SUMMARY = re.compile(r"(\d+) passed, (\d+) failed(?:, (\d+) skipped)?")
+
+
+def load_tests(build):
+    out = subprocess.run(["meson", "introspect", "--tests", build], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def merge_reports(report_dir):
+    """Returns {case: 'passed'|'failed'|'skipped'} merged over ranks, and the
+    failure messages."""
+    cases, messages = {}, []
+    for name in sorted(os.listdir(report_dir)):
+        if not name.endswith(".json"):
+            continue
+        rank = name.rsplit(".rank", 1)[-1].split(".")[0]
+        try:
+            with open(os.path.join(report_dir, name)) as f:
+                report = json.load(f)
+        except (OSError, ValueError):
+            continue
+        for suite in report.get("testsuites", []):
+            for case in suite.get("testsuite", []):
+                key = suite["name"] + "." + case["name"]
+                if case.get("failures"):
+                    state = "failed"
+                    for failure in case["failures"]:
+                        messages.append("rank %s %s: %s" % (rank, key, failure.get("failure", "")[:2000]))
+                elif case.get("result") == "SKIPPED" or case.get("status") == "NOTRUN":
+                    state = "skipped"
+                else:
+                    state = "passed"
+                previous = cases.get(key)
+                if previous == "failed" or state == "failed":
+                    cases[key] = "failed"
+                elif previous == "passed" or state == "passed":
+                    cases[key] = "passed"
+                else:
+                    cases[key] = state
+    return cases, messages
+
+
+def run_one(test, root):
+    env = dict(os.environ)
+    env.update(test.get("env") or {})
+    timeout = test.get("timeout") or 300
+    with tempfile.TemporaryDirectory(prefix="comms-test-") as report_dir:
+        env["COMMS_TEST_REPORT_DIR"] = report_dir
+        start = time.monotonic()
+        proc = subprocess.Popen(test["cmd"], cwd=test.get("workdir") or root, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            timed_out = True
+        elapsed = time.monotonic() - start
+        text = output.decode(errors="replace")
+        cases, messages = merge_reports(report_dir)
+
+    passed = sum(1 for s in cases.values() if s == "passed")
+    failed = sum(1 for s in cases.values() if s == "failed")
+    skipped = sum(1 for s in cases.values() if s == "skipped")
+    if not cases:
+        found = SUMMARY.findall(text)
+        if found:
+            p, f, s = found[-1]
+            passed, failed, skipped = int(p), int(f), int(s or 0)
+        elif proc.returncode == 0 and not timed_out:
+            passed = 1
+    problem = None
+    if timed_out:
+        problem = "timed out after %ds" % timeout
+    elif proc.returncode != 0 and failed == 0:
+        problem = "exited with status %d" % proc.returncode
+    if problem:
+        failed += 1
+    return {"name": test["name"], "passed": passed, "failed": failed, "skipped": skipped,
+            "elapsed": elapsed, "problem": problem, "output": text, "messages": messages}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("build")
+    parser.add_argument("--filter", default="")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tests = [t for t in load_tests(args.build) if args.filter in t["name"]]
+    parallel = [t for t in tests if t.get("is_parallel", True)]
+    serial = [t for t in tests if not t.get("is_parallel", True)]
+
+    lock = threading.Lock()
+    results = []
+
+    def report(result):
+        with lock:
+            results.append(result)
+            status = "FAIL" if result["failed"] else "ok  "
+            print("%s %-40s %4d passed %3d failed %3d skipped  %6.1fs%s" % (
+                status, result["name"], result["passed"], result["failed"], result["skipped"],
+                result["elapsed"], "  (%s)" % result["problem"] if result["problem"] else ""), flush=True)
+            if result["failed"]:
+                for m in result["messages"][:20]:
+                    print("    " + m.replace("\n", "\n    "))
+                tail = result["output"].splitlines()[-60:]
+                print("    --- last lines of output ---")
+                for line in tail:
+                    print("    " + line)
+                sys.stdout.flush()
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for r in pool.map(lambda t: run_one(t, root), parallel):
+            report(r)
+    for t in serial:
+        report(run_one(t, root))
+
+    passed = sum(r["passed"] for r in results)
+    failed = sum(r["failed"] for r in results)
+    skipped = sum(r["skipped"] for r in results)
+    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    return 1 if failed or not results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
