@@ -9,6 +9,7 @@
 #include "comms/store.h"
 #include "env.h"
 #include "log.h"
+#include "store_tcp.h"
 
 namespace comms {
 
@@ -255,6 +256,7 @@ plugin::BackendInit Comm::Impl::init_for(DeviceType t) const {
   init.hints = s.hints;
   init.abort_process_on_error = config_.abort_process_on_error;
   init.log = &log::plugin_sink;
+  init.store_local_address = config_.store_local_address;
   return init;
 }
 
@@ -580,6 +582,7 @@ std::shared_ptr<Comm> Comm::Impl::split(std::span<const int> ranks, const std::s
   for (const auto& [k, v] : opts.hints) child.hints[k] = v;
   child.abort_process_on_error = opts.abort_process_on_error.value_or(config_.abort_process_on_error);
   child.store = config_.store;
+  child.store_local_address = config_.store_local_address;
 
   auto routed = internal::route_hints(child.hints, child_spec, child.name);
   std::shared_ptr<Impl> impl;
@@ -1036,6 +1039,7 @@ std::shared_ptr<Comm> new_comm(const std::string& backend, std::optional<Device>
   c.hints = options.hints;
   c.abort_process_on_error = options.abort_process_on_error;
   c.store = options.store ? options.store : default_store(c.rank, c.size, c.init_timeout);
+  c.store_local_address = tcp_store_local_address(*c.store);
   const std::string ns_base = str::cat("comms/", name);
   c.rendezvous_ns = str::cat(ns_base, "/i", internal::next_incarnation(ns_base));
 

@@ -76,6 +76,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     Hints hints;  // as given (validated)
     bool abort_process_on_error = false;
     std::shared_ptr<Store> store;  // the job's root store
+    std::string store_local_address;  // how this process reaches the store
   };
 
   explicit Impl(Config config);

@@ -12,6 +12,7 @@ namespace {
 
 constexpr Variable kVariables[] = {
     {"COMMS_BACKEND", "", "Backend string for comms created without one, e.g. cpu:gloo,cuda:nccl. Unset: cpu:gloo, plus cuda:nccl when a CUDA device and the nccl plugin are present."},
+    {"COMMS_ROUTE", "direct", "How comms::dist creates groups: direct (each group bootstraps its own communicators from the store) or split (groups are carved from the bound world with Comm::split). Any other value is an error at init_process_group."},
     {"COMMS_INIT_TIMEOUT", "5m", "Timeout of communicator initialisation and rendezvous (250ms, 30s, 5m, or plain seconds). CommOptions::init_timeout wins over it."},
     {"COMMS_OP_TIMEOUT", "10m", "Timeout of each operation. CommOptions::op_timeout and OpOptions::timeout win over it."},
     {"COMMS_STORE", "", "Rendezvous store: file:///shared/dir or tcp://host:port. Unset: MASTER_ADDR/MASTER_PORT, or an in-process store for a single process."},

@@ -6,8 +6,9 @@
 // the parameters start from rank 0's by broadcast. So the loss curve, and the
 // final_loss line, agree across world sizes up to floating-point rounding.
 //
-// The backend comes from COMMS_BACKEND (default: Gloo on CPU), so switching
-// backends needs no code change.
+// The backend comes from COMMS_BACKEND (default: Gloo on CPU) and the route
+// that creates groups from COMMS_ROUTE (direct or split), so switching either
+// needs no code change.
 #include <signal.h>
 
 #include <atomic>
@@ -130,10 +131,18 @@ int main(int argc, char** argv) {
 
   try {
     // Binding the CPU device connects the world eagerly, so a bad backend or
-    // a missing peer shows up here, not at the first gradient.
-    auto world = comms::new_comm("", comms::Device::cpu(), "world");
-    const int rank = world->rank();
-    const int size = world->size();
+    // a missing peer shows up here, not at the first gradient. It also lets
+    // COMMS_ROUTE=split carve groups from the world.
+    comms::dist::InitOptions init;
+    init.device = comms::Device::cpu();
+    comms::dist::Group world = comms::dist::init_process_group(init);
+    const int rank = world.rank();
+    const int size = world.size();
+    std::vector<int> everyone(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) everyone[static_cast<size_t>(r)] = r;
+    comms::dist::GroupOptions dp_options;
+    dp_options.description = "data-parallel gradient averaging";
+    comms::dist::Group grads = comms::dist::new_group(everyone, dp_options);
     if (global_batch % size != 0) {
       std::fprintf(stderr, "trainer: the global batch %d does not split evenly over %d ranks\n",
                    global_batch, size);
@@ -141,8 +150,9 @@ int main(int argc, char** argv) {
     }
     const int local_batch = global_batch / size;
     if (rank == 0) {
-      std::printf("trainer: %d ranks, backend %s, model %s, global batch %d\n", size,
-                  world->backend_string().c_str(), model_kind.c_str(), global_batch);
+      std::printf("trainer: %d ranks, backend %s, route %s, model %s, global batch %d\n", size,
+                  world.backend().c_str(), std::string(comms::dist::to_string(grads.route())).c_str(),
+                  model_kind.c_str(), global_batch);
     }
 
     Model model(model_kind == "mlp");
@@ -160,8 +170,8 @@ int main(int argc, char** argv) {
         local_loss += model.accumulate(sample(index), grad, weight);
       }
       local_loss /= local_batch;
-      world->all_reduce(comms::BufferView::of(grad), comms::ReduceOp::avg());
-      world->all_reduce(comms::BufferView::of(&local_loss, 1), comms::ReduceOp::avg());
+      grads->all_reduce(comms::BufferView::of(grad), comms::ReduceOp::avg());
+      grads->all_reduce(comms::BufferView::of(&local_loss, 1), comms::ReduceOp::avg());
       loss = local_loss;
       for (size_t p = 0; p < model.params.size(); ++p) model.params[p] -= lr * grad[p];
       if (rank == 0 && (step % print_every == 0 || step == 1)) {
@@ -175,7 +185,7 @@ int main(int argc, char** argv) {
     }
     world->barrier();
     if (rank == 0) std::printf("final_loss=%.9g\n", loss);
-    world->finalize();
+    comms::dist::destroy_process_group();
     return 0;
   } catch (const comms::Error& e) {
     std::fprintf(stderr, "trainer: %s\n", e.what());

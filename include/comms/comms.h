@@ -4,6 +4,7 @@
 #include "comms/backend_spec.h"
 #include "comms/bootstrap.h"
 #include "comms/comm.h"
+#include "comms/dist.h"
 #include "comms/error.h"
 #include "comms/options.h"
 #include "comms/store.h"

@@ -1,0 +1,176 @@
+// comms::dist: process groups for trainers written against torch.distributed
+// or Megatron's parallel_state, built on comms::Comm.
+//
+// Groups are created on one of two routes, chosen by COMMS_ROUTE:
+//   direct (default)  each new group bootstraps its own communicators from
+//                     the store and applies the typed options directly;
+//   split             each group is carved from the bound world group with
+//                     Comm::split, the typed options translated into hints.
+// Both give the same membership, rank order, effective options and results.
+// Every group keeps its full creation spec, so offload/reload (lifecycle.h)
+// recreates it exactly.
+//
+// Threading: create and destroy groups from one thread; ops follow Comm's
+// rules.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comms/comm.h"
+
+namespace comms::dist {
+
+enum class Route : uint8_t { kDirect, kSplit };
+std::string_view to_string(Route r);
+// COMMS_ROUTE: "direct" (default) or "split". Throws kInvalidArgument naming
+// COMMS_ROUTE and its valid values.
+Route route_from_environment();
+
+// NCCL communicator options, as Megatron and torch.distributed name them.
+// Each set field becomes one NCCL hint; unset fields keep NCCL's default.
+struct NcclOptions {
+  std::optional<bool> is_high_priority_stream;
+  std::optional<int> cga_cluster_size;
+  std::optional<int> min_ctas;
+  std::optional<int> max_ctas;
+  std::optional<std::string> net_name;
+  std::optional<int> split_share;
+  std::optional<int> traffic_class;
+  std::optional<int> collnet_enable;
+  std::optional<int> cta_policy;
+  std::optional<int> nvls_ctas;
+  friend bool operator==(const NcclOptions&, const NcclOptions&) = default;
+};
+
+struct GlooOptions {
+  std::optional<std::string> interface;
+  std::optional<std::string> hostname;
+  std::optional<bool> busy_poll;
+  friend bool operator==(const GlooOptions&, const GlooOptions&) = default;
+};
+
+struct BackendOptions {
+  NcclOptions nccl;
+  GlooOptions gloo;
+  Hints hints;  // anything else, passed through as given
+  friend bool operator==(const BackendOptions&, const BackendOptions&) = default;
+};
+
+// The one translation from typed options to hints, used by both routes:
+// is_high_priority_stream -> nccl.high_priority_stream, cga_cluster_size ->
+// nccl.cga_cluster_size, ..., gloo.interface, gloo.hostname, gloo.busy_poll.
+// Lossless: every set field becomes exactly one key, prefixed with its
+// backend so it can never be routed to another.
+Hints to_hints(const BackendOptions& options);
+
+struct InitOptions {
+  // BackendSpec rules; "" uses COMMS_BACKEND, else the default map. A single
+  // "nccl" given with a device becomes "cpu:gloo,cuda:nccl".
+  std::string backend;
+  // Binds the world eagerly: its device backend connects at once and a
+  // one-element barrier runs on that device before init returns. On CPU,
+  // Device::cpu() counts as a bindable device (the Gloo mesh connects
+  // eagerly), which is what COMMS_ROUTE=split needs in a CPU-only job.
+  std::optional<Device> device;
+  std::optional<std::chrono::milliseconds> timeout;  // op timeout of the world
+  std::shared_ptr<Store> store;
+  std::optional<int> rank;
+  std::optional<int> world_size;
+  BackendOptions options;
+};
+
+struct GroupOptions {
+  std::string backend;  // "" = the world's backends
+  std::optional<std::chrono::milliseconds> timeout;
+  BackendOptions options;
+  std::string name;         // "" = generated ("pg<N>"), the same on every rank
+  std::string description;  // free text kept in the spec
+};
+
+struct SplitGroupOptions {
+  std::optional<std::chrono::milliseconds> timeout;
+  BackendOptions options;
+  // Which of the parent's device backends to split. Must be device-qualified
+  // and include the parent's default device backend ("" = all of them).
+  std::string backend;
+  std::string name;
+  std::string description;
+};
+
+// Everything needed to create a group again, exactly.
+struct GroupSpec {
+  std::string name;
+  std::string description;
+  std::vector<int> ranks;  // global ranks, in group-rank order
+  std::string backend;     // effective backend string
+  std::chrono::milliseconds timeout{0};
+  BackendOptions options;
+  Hints hints;             // to_hints(options): what the comm was given
+  std::string parent;      // "" for the world
+  Route route = Route::kDirect;
+  uint64_t creation_index = 0;
+  friend bool operator==(const GroupSpec&, const GroupSpec&) = default;
+};
+
+class GroupState;
+
+// A handle to a process group. Empty on ranks that are not members.
+// Copies refer to the same group.
+class Group {
+ public:
+  Group() = default;
+  explicit Group(std::shared_ptr<GroupState> state) : state_(std::move(state)) {}
+
+  explicit operator bool() const;
+  bool is_member() const { return static_cast<bool>(*this); }
+  int rank() const;
+  int size() const;
+  const std::vector<int>& global_ranks() const;
+  std::string backend() const;
+  std::optional<Device> device() const;
+  Route route() const;
+  const std::string& name() const;
+  const GroupSpec& spec() const;
+  // Every operation of the Comm API: group->all_reduce(...), group.comm().
+  Comm& comm() const;
+  Comm* operator->() const { return &comm(); }
+  // The route and, for each backend, the effective configuration (for NCCL,
+  // the ncclConfig_t fields and the stream priority), as JSON.
+  std::string describe() const;
+
+  const std::shared_ptr<GroupState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<GroupState> state_;
+};
+
+// Creates the world group. Collective over the job.
+Group init_process_group(const InitOptions& options = {});
+bool is_initialized();
+// The world group; throws if init_process_group was not called.
+Group world();
+
+// Collective over the world with c10d semantics: every rank calls it with
+// the same ranks, in the same order of calls; non-members get an empty Group.
+Group new_group(std::span<const int> ranks, const GroupOptions& options = {});
+// Every rank passes the same disjoint rank lists (global ranks); each gets
+// the group it is in, or an empty Group.
+Group split_group(const Group& parent, std::span<const std::vector<int>> rank_lists,
+                  const SplitGroupOptions& options = {});
+
+// Destroys a group's communicators (failures are raised). Destroying the
+// world destroys every group, in reverse creation order. Destroying twice is
+// harmless.
+void destroy_process_group(const Group& group);
+void destroy_process_group();  // the world and everything
+
+// Every group of this process in creation order (including non-member
+// entries, whose specs every rank keeps so replays stay collective).
+std::vector<Group> groups();
+
+}  // namespace comms::dist
