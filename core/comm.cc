@@ -757,6 +757,51 @@ bool Comm::Impl::reload(DeviceType t) {
   return true;
 }
 
+int64_t Comm::Impl::device_memory_used(DeviceType t) const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  const Slot& s = slot(t);
+  return s.backend ? s.backend->device_memory_used() : -1;
+}
+
+void Comm::Impl::reload_by_split(Impl* child, Impl& parent, DeviceType t,
+                                 const std::vector<int>& parent_ranks) {
+  Slot& ps = parent.slot(t);
+  if (ps.state.load() != BackendState::kReady && ps.state.load() != BackendState::kLazy) {
+    throw Error(ErrorCode::kAborted,
+                str::cat("comms[", parent.config_.name, "] cannot re-split its ", to_string(t),
+                         " backend: it is ", to_string(ps.state.load()), "; reload the parent first"),
+                parent.config_.name, "reload", 0, parent.config_.rank);
+  }
+  plugin::SplitDesc desc;
+  if (child) {
+    Slot& cs = child->slot(t);
+    if (cs.state.load() != BackendState::kOffloaded) return;
+    ++cs.generation;
+    desc.ranks = parent_ranks;
+    desc.child = child->init_for(t);
+  } else {
+    desc.child.comm_name = "(non-member)";
+    desc.child.init_timeout = parent.config_.init_timeout;
+    desc.child.op_timeout = parent.config_.op_timeout;
+    desc.child.device = ps.device;
+  }
+  std::unique_ptr<plugin::Backend> backend;
+  Status st = ps.backend->split(desc, &backend);
+  if (st.is_ok() && child && !backend) st = {ErrorCode::kInternal, "the backend returned no child"};
+  if (!st.is_ok()) {
+    const Config& c = child ? child->config_ : parent.config_;
+    throw Error(st.code,
+                str::cat("comms[", c.name, " rank ", c.rank, "/", c.size, "] reloading the ", ps.plugin->name,
+                         " backend for ", to_string(t), " by splitting '", parent.config_.name, "' failed: ", st.message),
+                c.name, "reload", 0, c.rank);
+  }
+  if (!child) return;
+  Slot& cs = child->slot(t);
+  std::lock_guard<std::mutex> lock(child->state_mu_);
+  cs.backend = std::move(backend);
+  cs.state = BackendState::kReady;
+}
+
 std::string Comm::Impl::describe() const {
   using nlohmann::json;
   json j;

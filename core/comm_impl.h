@@ -106,7 +106,14 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   void finalize();
   bool offload(DeviceType type);
   bool reload(DeviceType type);
+  // Recreates the offloaded backend of `child` the way it was made: a split
+  // of `parent`'s backend (collective over the parent). Non-members of the
+  // child pass child == nullptr and only take part in the parent's split.
+  static void reload_by_split(Impl* child, Impl& parent, DeviceType type,
+                              const std::vector<int>& parent_ranks);
   std::string describe() const;
+  // Device memory in use as the backend of `t` sees it; -1 if unknown.
+  int64_t device_memory_used(DeviceType t) const;
 
   const Config& config() const { return config_; }
   BackendState state(DeviceType t) const;

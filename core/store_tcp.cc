@@ -4,7 +4,10 @@
 // Protocol (store_wire.h): the client sends one request frame and reads one
 // response frame; there is never more than one request in flight on a
 // connection. get and wait block on the server, which answers "timeout" at
-// the deadline the client sent, so the connection stays in step.
+// the deadline the client sent, so the connection stays in step. A client
+// is one connection: while one thread blocks in get/wait on it, the client's
+// other callers queue behind it (as with c10d's TCPStore), so a thread that
+// must set keys while another waits should use its own client.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -291,7 +294,15 @@ void TcpStoreServer::Impl::handle(const std::shared_ptr<Session>& session, wire:
       waiter->timer.expires_after(timeout);
       waiter->timer.async_wait([this, waiter](const asio::error_code& ec) {
         if (ec || waiter->done) return;
-        complete_waiter(waiter, wire::Response{wire::Status::kTimeout, "", 0});
+        // Name the keys still missing: that is what a hung rendezvous needs.
+        std::vector<std::string> missing;
+        {
+          std::lock_guard<std::mutex> lock(values_mu_);
+          for (const auto& k : waiter->request.keys) {
+            if (!values_.contains(k)) missing.push_back(k);
+          }
+        }
+        complete_waiter(waiter, wire::Response{wire::Status::kTimeout, quoted_keys(missing), 0});
       });
       return;  // answered later
     }
@@ -411,7 +422,7 @@ class TcpStore final : public Store {
     request.timeout_ms = timeout_ms(timeout);
     std::string what = str::cat("get('", key, "')");
     auto response = call(request, reply_deadline(timeout), what);
-    if (response.status == wire::Status::kTimeout) throw timeout_error(what, timeout);
+    if (response.status == wire::Status::kTimeout) throw timeout_error(what, timeout, response.text);
     return std::move(response.text);
   }
 
@@ -420,7 +431,7 @@ class TcpStore final : public Store {
     request.timeout_ms = timeout_ms(timeout);
     std::string what = str::cat("wait(", quoted_keys(keys), ")");
     auto response = call(request, reply_deadline(timeout), what);
-    if (response.status == wire::Status::kTimeout) throw timeout_error(what, timeout);
+    if (response.status == wire::Status::kTimeout) throw timeout_error(what, timeout, response.text);
   }
 
   int64_t add(const std::string& key, int64_t delta) override {
@@ -464,9 +475,10 @@ class TcpStore final : public Store {
     return store_semantics::deadline_after(timeout) + kReplyMargin;
   }
 
-  Error timeout_error(const std::string& what, std::chrono::milliseconds timeout) const {
+  Error timeout_error(const std::string& what, std::chrono::milliseconds timeout,
+                      const std::string& missing) const {
     return Error(ErrorCode::kTimeout, str::cat(what, " on the TCP store at ", address_, " timed out after ",
-                                                   timeout.count(), " ms"));
+                                                   timeout.count(), " ms; missing: ", missing));
   }
 
   // Runs one asynchronous operation until it completes or `deadline` passes.

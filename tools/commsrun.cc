@@ -3,7 +3,7 @@
 // down as soon as one rank fails.
 //
 //   commsrun -n N [--master-addr A] [--master-port P] [--nnodes K --node-rank R]
-//            [--timeout S] [--grace S] -- PROGRAM ARGS...
+//            [--timeout S] [--grace S] [--exit-barrier-timeout S] -- PROGRAM ARGS...
 //
 // Ranks get the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus COMMS_LAUNCHER_STORE=1.
@@ -54,6 +54,7 @@ struct LaunchOptions {
   int node_rank = 0;
   double timeout_s = 0;  // 0: none
   double grace_s = 3;
+  double exit_barrier_s = 300;
   std::vector<std::string> command;
 };
 
@@ -79,6 +80,8 @@ std::string signal_name(int sig) {
 
 std::string seconds_text(double s) { return str::cat(s); }
 
+std::string ranks_text(int count) { return str::cat(count, count == 1 ? " rank" : " ranks"); }
+
 // One of a rank's output pipes, cut into lines that are written whole.
 class LineRelay {
  public:
@@ -101,7 +104,8 @@ class LineRelay {
     std::string lines;
     size_t start = 0;
     for (size_t newline; (newline = pending_.find('\n', start)) != std::string::npos; start = newline + 1) {
-      str::append(lines, prefix_, std::string_view(pending_).substr(start, newline + 1 - start));
+      lines += prefix_;
+      lines.append(pending_, start, newline + 1 - start);
     }
     pending_.erase(0, start);
     if (pending_.size() >= kMaxLineBytes) {
@@ -138,7 +142,10 @@ struct RankProcess {
 // The program's path, found on PATH the way execvp would, but before fork:
 // the child may only make async-signal-safe calls.
 std::optional<std::string> find_program(const std::string& name) {
-  if (name.find('/') != std::string::npos) return name;
+  if (name.find('/') != std::string::npos) {
+    if (::access(name.c_str(), X_OK) != 0) return std::nullopt;
+    return name;
+  }
   const char* path = std::getenv("PATH");
   std::string dirs = path && *path ? path : "/usr/local/bin:/usr/bin:/bin";
   size_t start = 0;
@@ -205,7 +212,9 @@ class Launcher {
                                          std::chrono::duration<double>(options_.timeout_s));
     }
     event_loop();
-    return exit_code_.value_or(0);
+    int code = exit_code_.value_or(0);
+    if (options_.nnodes > 1) code = exit_barrier(code, store_port);
+    return code;
   }
 
  private:
@@ -253,7 +262,9 @@ class Launcher {
       return false;
     }
     if (pid == 0) {
-      // Async-signal-safe calls only from here to exec.
+      // Async-signal-safe calls only from here to exec. PDEATHSIG fires when
+      // the forking *thread* ends: that is the main thread, which outlives
+      // every rank.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl
       ::setpgid(0, 0);
@@ -313,27 +324,49 @@ class Launcher {
   }
 
   void reap() {
+    // Collect every rank that has exited since the last pass first: when a
+    // rank dies, its peers fail within microseconds, and the launcher must
+    // blame the rank that died, not the peer it happened to reap first.
+    struct Exit {
+      const RankProcess* rank;
+      int status;
+    };
+    std::vector<Exit> failures;
     for (auto& rank : ranks_) {
       if (!rank.running) continue;
       int status = 0;
       pid_t done = ::waitpid(rank.pid, &status, WNOHANG);
       if (done != rank.pid) continue;
       rank.running = false;
-      bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (!failed || stopping_) continue;  // ranks we stopped are not failures
-      int others = running_count();
-      if (WIFSIGNALED(status)) {
-        int sig = WTERMSIG(status);
-        say(str::cat("rank ", rank.rank, " (pid ", rank.pid, ") was killed by signal ", sig, " (",
-                         signal_name(sig), ")"));
-        exit_code_ = 128 + sig;
-      } else {
-        say(str::cat("rank ", rank.rank, " (pid ", rank.pid, ") exited with status ", WEXITSTATUS(status)));
-        exit_code_ = WEXITSTATUS(status);
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failures.push_back({&rank, status});
+    }
+    if (failures.empty()) {
+      if (running_count() == 0 && !all_exited_at_) all_exited_at_ = Clock::now();
+      return;
+    }
+    auto describe = [](const Exit& e) {
+      if (WIFSIGNALED(e.status)) {
+        const int sig = WTERMSIG(e.status);
+        return str::cat("rank ", e.rank->rank, " (pid ", e.rank->pid, ") was killed by signal ", sig, " (",
+                        signal_name(sig), ")");
       }
+      return str::cat("rank ", e.rank->rank, " (pid ", e.rank->pid, ") exited with status ", WEXITSTATUS(e.status));
+    };
+    if (stopping_) {
+      // After the stop began these are consequences; say so, for the record.
+      for (const auto& e : failures) say(str::cat(describe(e), " (while stopping)"));
+    } else {
+      auto cause = std::find_if(failures.begin(), failures.end(), [](const Exit& e) { return WIFSIGNALED(e.status); });
+      if (cause == failures.end()) cause = failures.begin();
+      say(describe(*cause));
+      exit_code_ = WIFSIGNALED(cause->status) ? 128 + WTERMSIG(cause->status) : WEXITSTATUS(cause->status);
+      for (auto it = failures.begin(); it != failures.end(); ++it) {
+        if (it != cause) say(str::cat(describe(*it), " (at the same time)"));
+      }
+      const int others = running_count();
       if (others > 0) {
-        say(str::cat("stopping the other ", others, " running ranks (SIGTERM, then SIGKILL after ",
-                         seconds_text(options_.grace_s), " s)"));
+        say(str::cat("stopping the other ", ranks_text(others), " (SIGTERM, then SIGKILL after ",
+                     seconds_text(options_.grace_s), " s)"));
       }
       begin_stop(SIGTERM);
     }
@@ -351,7 +384,7 @@ class Launcher {
         continue;
       }
       received_signal_ = sig;
-      say(str::cat("received ", signal_name(sig), "; forwarding it to ", running_count(), " ranks"));
+      say(str::cat("received ", signal_name(sig), "; forwarding it to ", ranks_text(running_count())));
       if (!exit_code_) exit_code_ = 128 + sig;
       if (stopping_) {
         for (const auto& rank : ranks_) {
@@ -368,15 +401,14 @@ class Launcher {
     if (run_deadline_ && now >= *run_deadline_) {
       run_deadline_.reset();
       if (running_count() > 0 && !stopping_) {
-        say(str::cat("timeout after ", seconds_text(options_.timeout_s), " s; stopping ", running_count(),
-                         " ranks"));
+        say(str::cat("timeout after ", seconds_text(options_.timeout_s), " s; stopping ", ranks_text(running_count())));
         exit_code_ = 124;
         begin_stop(SIGTERM);
       }
     }
     if (kill_deadline_ && now >= *kill_deadline_) {
       if (running_count() > 0) {
-        say(str::cat(running_count(), " ranks still running after ", seconds_text(options_.grace_s),
+        say(str::cat(ranks_text(running_count()), " still running after ", seconds_text(options_.grace_s),
                          " s; sending SIGKILL"));
       }
       kill_all();
@@ -442,6 +474,73 @@ class Launcher {
     }
   }
 
+  // Node 0's store must outlive the ranks of every node, so each node
+  // reports its exit status under "commsrun/node_exit/<node>", and node 0
+  // (when its own ranks succeeded) waits for all of them before the store
+  // goes. A failed node 0 does not wait: its store vanishing is what tells
+  // the other nodes' ranks, at once, that the job is over.
+  int exit_barrier(int code, uint16_t store_port) {
+    const std::string prefix = "commsrun/node_exit/";
+    std::shared_ptr<comms::Store> store;
+    try {
+      store = comms::connect_tcp_store(options_.master_addr, store_port, std::chrono::seconds(5));
+      store->set(prefix + std::to_string(options_.node_rank), std::to_string(code));
+    } catch (const comms::Error& e) {
+      say(str::cat("could not report node ", options_.node_rank, "'s exit to the store: ", e.what()));
+      return code;
+    }
+    if (options_.node_rank != 0 || code != 0) return code;
+
+    std::vector<std::string> keys;
+    for (int node = 0; node < options_.nnodes; ++node) keys.push_back(prefix + std::to_string(node));
+    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(options_.exit_barrier_s));
+    try {
+      if (!store->check(keys)) {
+        say(str::cat("waiting up to ", seconds_text(options_.exit_barrier_s),
+                         " s for the other nodes to finish (their store lives here)"));
+      }
+      // In slices, so that a signal still ends the wait.
+      while (true) {
+        try {
+          store->wait(keys, std::chrono::seconds(1));
+          break;
+        } catch (const comms::Error& e) {
+          if (e.code() != comms::ErrorCode::kTimeout) throw;
+        }
+        if (int sig = pending_stop_signal()) {
+          say(str::cat("received ", signal_name(sig), " while waiting for the other nodes; closing the store"));
+          return 128 + sig;
+        }
+        if (Clock::now() >= deadline) {
+          say(str::cat("the other nodes did not all finish within ", seconds_text(options_.exit_barrier_s),
+                           " s; closing the store"));
+          return 1;
+        }
+      }
+      for (int node = 1; node < options_.nnodes; ++node) {
+        std::string status = store->get(keys[node], std::chrono::seconds(5));
+        if (status != "0") {
+          say(str::cat("node ", node, " exited with status ", status));
+          if (code == 0) code = std::atoi(status.c_str());
+        }
+      }
+    } catch (const comms::Error& e) {
+      say(str::cat("waiting for the other nodes failed: ", e.what()));
+      return 1;
+    }
+    return code;
+  }
+
+  // SIGINT, SIGTERM or SIGHUP received since the ranks ended, else 0.
+  int pending_stop_signal() {
+    signalfd_siginfo info;
+    while (::read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
+      if (info.ssi_signo != SIGCHLD) return static_cast<int>(info.ssi_signo);
+    }
+    return 0;
+  }
+
   LaunchOptions options_;
   std::string program_path_;
   std::vector<RankProcess> ranks_;
@@ -464,7 +563,7 @@ int usage_error(const std::string& message) {
 
 int main(int argc, char** argv) {
   LaunchOptions options;
-  CLI::App app{"Starts the ranks of a comms job on this node and hosts its rendezvous store."};
+  CLI::App app{"Starts the ranks of a comms job on this node and hosts its rendezvous store.", "commsrun"};
   app.add_option("-n,--nproc-per-node", options.nproc, "Ranks to start on this node")->required();
   app.add_option("--master-addr", options.master_addr, "Address of the TCP store (node 0 binds it)")
       ->capture_default_str();
@@ -479,14 +578,37 @@ int main(int argc, char** argv) {
   app.add_option("--grace", options.grace_s, "Seconds between SIGTERM and SIGKILL when stopping ranks")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("command", options.command, "PROGRAM ARGS... (after --)");
+  std::vector<std::string> positional_command;
+  app.add_option("--exit-barrier-timeout", options.exit_barrier_s,
+                 "With several nodes: how long node 0 keeps the store up for the other nodes after its "
+                 "own ranks succeeded")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("command", positional_command, "PROGRAM ARGS... (after --)");
   app.footer("Example: commsrun -n 4 -- ./trainer --steps 100");
+  // Everything after the first "--" is the command, untouched: CLI11 would
+  // otherwise read the program's own options (e.g. its -n) as ours.
+  std::vector<std::string> launcher_args;
+  bool has_separator = false;
+  for (int i = argc - 1; i >= 1; --i) launcher_args.emplace_back(argv[i]);  // CLI11 wants them reversed
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--") {
+      has_separator = true;
+      options.command.assign(argv + i + 1, argv + argc);
+      launcher_args.erase(launcher_args.begin(), launcher_args.begin() + (argc - i));
+      break;
+    }
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(launcher_args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   options.master_port_given = port_option->count() > 0;
+  if (has_separator && !positional_command.empty()) {
+    return usage_error(str::cat("unexpected '", positional_command.front(), "' before --"));
+  }
+  if (!has_separator) options.command = positional_command;
 
   if (options.command.empty()) return usage_error("missing PROGRAM to run (commsrun -n N -- PROGRAM ARGS...)");
   if (options.nproc < 1) return usage_error(str::cat("-n must be at least 1, got ", options.nproc));
@@ -499,13 +621,14 @@ int main(int argc, char** argv) {
     return usage_error("--nnodes > 1 needs an explicit, non-zero --master-port that every node shares");
   }
   if (options.master_addr.empty()) return usage_error("--master-addr is empty");
-  if (!std::isfinite(options.timeout_s) || !std::isfinite(options.grace_s)) {
-    return usage_error("--timeout and --grace must be finite numbers of seconds");
+  if (!std::isfinite(options.timeout_s) || !std::isfinite(options.grace_s) ||
+      !std::isfinite(options.exit_barrier_s)) {
+    return usage_error("--timeout, --grace and --exit-barrier-timeout must be finite numbers of seconds");
   }
 
   auto program_path = find_program(options.command.front());
   if (!program_path) {
-    say(str::cat("error: ", options.command.front(), ": command not found"));
+    say(str::cat("error: ", options.command.front(), ": command not found or not executable"));
     return 127;
   }
 

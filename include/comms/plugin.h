@@ -185,6 +185,11 @@ class Backend {
   // Whether the backend can reduce this type with this operator (on this
   // device). Rejections are reported as kUnsupported before anything is sent.
   virtual bool supports_reduction(DataType dtype, ReduceKind kind) const = 0;
+
+  // Bytes of device memory in use on this backend's device (the whole
+  // device, as cudaMemGetInfo reports it), or -1 where that cannot be
+  // measured (CPU). Offload reports it before and after.
+  virtual int64_t device_memory_used() const { return -1; }
 };
 
 struct PluginDescriptor {

@@ -1,0 +1,394 @@
+// Runs the built commsrun binary (COMMSRUN_PATH) on small shell programs and
+// checks what the ranks saw, what commsrun printed and how it exited. Every
+// run is bounded: the helper kills commsrun if it outlives its limit.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "strutil.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct RunResult {
+  int exit_code = -1;  // 128 + signal when commsrun itself was killed
+  std::string out;
+  std::string err;
+  double seconds = 0;
+  bool hit_limit = false;
+};
+
+// Sends `signal` to commsrun once `count` stdout lines contain `marker`.
+struct SignalWhen {
+  std::string marker;
+  int count = 1;
+  int signal = SIGTERM;
+};
+
+RunResult run_commsrun(const std::vector<std::string>& args, std::chrono::seconds limit = 20s,
+                       std::optional<SignalWhen> signal_when = std::nullopt) {
+  int out_pipe[2], err_pipe[2];
+  EXPECT_EQ(::pipe2(out_pipe, O_CLOEXEC), 0);
+  EXPECT_EQ(::pipe2(err_pipe, O_CLOEXEC), 0);
+  std::vector<std::string> argv_strings = {COMMSRUN_PATH};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  auto start = Clock::now();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::execv(COMMSRUN_PATH, argv.data());
+    ::_exit(126);
+  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  RunResult result;
+  int fds[2] = {out_pipe[0], err_pipe[0]};
+  std::string* sinks[2] = {&result.out, &result.err};
+  bool signalled = false;
+  auto deadline = start + limit;
+  while (fds[0] >= 0 || fds[1] >= 0) {
+    pollfd polled[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      result.hit_limit = true;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    if (::poll(polled, 2, static_cast<int>(left)) < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i] < 0 || !(polled[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buffer[4096];
+      ssize_t n = ::read(fds[i], buffer, sizeof(buffer));
+      if (n <= 0) {
+        ::close(fds[i]);
+        fds[i] = -1;
+      } else {
+        sinks[i]->append(buffer, static_cast<size_t>(n));
+      }
+    }
+    if (signal_when && !signalled) {
+      int seen = 0;
+      for (size_t at = 0; (at = result.out.find(signal_when->marker, at)) != std::string::npos; ++at) ++seen;
+      if (seen >= signal_when->count) {
+        ::kill(pid, signal_when->signal);
+        signalled = true;
+      }
+    }
+  }
+  for (int fd : fds) {
+    if (fd >= 0) ::close(fd);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  for (auto part : comms::str::split(text, '\n')) if (!part.empty()) lines.emplace_back(part);
+  return lines;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::string describe(const RunResult& r) {
+  return comms::str::cat("exit ", r.exit_code, " after ", r.seconds, " s\n--- stdout:\n", r.out, "--- stderr:\n", r.err);
+}
+
+// A TCP port that was free a moment ago.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(address);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), size), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size), 0);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+TEST(Commsrun, RanksReceiveTheTorchrunVariablesAndTheRealStorePort) {
+  auto r = run_commsrun({"-n", "3", "--master-port", "0", "--", "sh", "-c",
+                         "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
+                         "$COMMS_LAUNCHER_STORE"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 3u) << describe(r);
+  std::set<std::string> ports;
+  std::set<int> ranks;
+  std::regex pattern(R"(\[(\d)\] (\d) 3 (\d) 3 127\.0\.0\.1 (\d+) 1)");
+  for (const auto& line : lines) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, pattern)) << line;
+    EXPECT_EQ(m[1], m[2]) << "prefix and RANK differ: " << line;
+    EXPECT_EQ(m[2], m[3]) << "RANK and LOCAL_RANK differ on one node: " << line;
+    ranks.insert(std::stoi(m[1]));
+    ports.insert(m[4]);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+  ASSERT_EQ(ports.size(), 1u) << "ranks saw different ports";
+  EXPECT_GT(std::stoi(*ports.begin()), 0);
+}
+
+TEST(Commsrun, ASecondNodeNumbersItsRanksAfterTheFirst) {
+  std::string port = std::to_string(free_port());
+  auto node0 = std::async(std::launch::async, [&] {
+    return run_commsrun({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "-n", "2", "--", "true"});
+  });
+  auto r = run_commsrun({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "-n", "2", "--", "sh",
+                         "-c", "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_PORT"});
+  EXPECT_EQ(node0.get().exit_code, 0);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+  auto lines = lines_of(r.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[2] 2 4 0 2 " + port, "[3] 3 4 1 2 " + port})) << describe(r);
+}
+
+TEST(Commsrun, EveryOutputLineCarriesItsRankAndPartialLastLinesAreKept) {
+  auto r = run_commsrun({"-n", "2", "--", "sh", "-c", "printf 'one\\ntwo\\npartial'; printf 'oops\\n' >&2"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  // Ranks interleave with each other, but each rank's lines stay in order.
+  for (int rank : {0, 1}) {
+    std::string p = comms::str::cat("[", rank, "] ");
+    std::vector<std::string> own;
+    for (const auto& line : lines_of(r.out)) {
+      if (line.rfind(p, 0) == 0) own.push_back(line);
+    }
+    EXPECT_EQ(own, (std::vector<std::string>{p + "one", p + "two", p + "partial"})) << describe(r);
+    EXPECT_TRUE(contains(r.err, p + "oops\n")) << describe(r);
+  }
+  EXPECT_EQ(lines_of(r.out).size(), 6u) << describe(r);
+  EXPECT_FALSE(contains(r.out, "oops")) << "stderr leaked into stdout";
+}
+
+TEST(Commsrun, LongLinesFromManyRanksNeverInterleave) {
+  // 4 ranks, 200 lines of 2000 bytes each, all at once.
+  auto r = run_commsrun({"-n", "4", "--", "sh", "-c",
+                         "awk -v r=$RANK 'BEGIN { s = sprintf(\"%2000s\", \"\"); gsub(/ /, \"x\", s); "
+                         "for (i = 0; i < 200; i++) print r \"-\" s }'"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 800u);
+  std::map<int, int> per_rank;
+  const std::string body(2000, 'x');
+  for (const auto& line : lines) {
+    ASSERT_EQ(line.size(), 6 + body.size()) << line.substr(0, 80);
+    int rank = line[1] - '0';
+    EXPECT_EQ(line, comms::str::cat("[", rank, "] ", rank, "-", body)) << line.substr(0, 80);
+    ++per_rank[rank];
+  }
+  EXPECT_EQ(per_rank, (std::map<int, int>{{0, 200}, {1, 200}, {2, 200}, {3, 200}}));
+}
+
+TEST(Commsrun, ArgumentsAfterTheSeparatorBelongToTheProgram) {
+  auto r = run_commsrun({"-n", "1", "--", "sh", "-c", "echo \"$1 $2 $3\"", "sh", "-n", "7", "--"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(r.out, "[0] -n 7 --\n") << describe(r);
+}
+
+TEST(Commsrun, AProgramWithoutOptionsNeedsNoSeparator) {
+  auto r = run_commsrun({"-n", "2", "echo", "hello"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  auto lines = lines_of(r.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[0] hello", "[1] hello"})) << describe(r);
+}
+
+TEST(Commsrun, AllRanksSucceedingExitsZeroQuietly) {
+  auto r = run_commsrun({"-n", "2", "--", "true"});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(Commsrun, AFailingRankStopsTheOthersAndItsStatusBecomesTheExitCode) {
+  auto r = run_commsrun({"-n", "3", "--", "sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 60"});
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(commsrun: rank 1 \(pid \d+\) exited with status 3)")))
+      << describe(r);
+  EXPECT_LT(r.seconds, 10) << "the sleeping ranks were not stopped";
+  EXPECT_FALSE(r.hit_limit);
+}
+
+TEST(Commsrun, ARankKilledBySignalGives128PlusTheSignal) {
+  auto r = run_commsrun({"-n", "3", "--", "sh", "-c", "if [ $RANK = 2 ]; then kill -9 $$; fi; exec sleep 60"});
+  EXPECT_EQ(r.exit_code, 137) << describe(r);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(commsrun: rank 2 \(pid \d+\) was killed by signal 9 \(SIGKILL\))")))
+      << describe(r);
+  EXPECT_LT(r.seconds, 10) << describe(r);
+}
+
+TEST(Commsrun, RanksIgnoringSigtermAreKilledAfterTheGrace) {
+  auto r = run_commsrun({"-n", "2", "--grace", "0.5", "--", "sh", "-c",
+                         "trap '' TERM; if [ $RANK = 0 ]; then sleep 0.2; exit 5; fi; sleep 60"});
+  EXPECT_EQ(r.exit_code, 5) << describe(r);
+  EXPECT_TRUE(contains(r.err, "sending SIGKILL")) << describe(r);
+  EXPECT_LT(r.seconds, 6) << describe(r);
+}
+
+TEST(Commsrun, TheTimeoutStopsEveryRankAndExits124) {
+  auto r = run_commsrun({"-n", "2", "--timeout", "1", "--", "sleep", "60"});
+  EXPECT_EQ(r.exit_code, 124) << describe(r);
+  EXPECT_TRUE(contains(r.err, "commsrun: timeout after 1 s; stopping 2 ranks")) << describe(r);
+  EXPECT_GE(r.seconds, 0.9);
+  EXPECT_LT(r.seconds, 6);
+}
+
+TEST(Commsrun, SigtermIsForwardedToTheRanks) {
+  auto r = run_commsrun({"-n", "2", "--", "sh", "-c",
+                         "trap 'echo got TERM; exit 0' TERM; echo ready; sleep 60 & wait"},
+                        20s, SignalWhen{"ready", 2, SIGTERM});
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << describe(r);
+  EXPECT_TRUE(contains(r.out, "[0] got TERM")) << describe(r);
+  EXPECT_TRUE(contains(r.out, "[1] got TERM")) << describe(r);
+  EXPECT_TRUE(contains(r.err, "received SIGTERM; forwarding it to 2 ranks")) << describe(r);
+  EXPECT_LT(r.seconds, 10);
+}
+
+TEST(Commsrun, RanksCanUseTheStoreTheLauncherHosts) {
+  auto r = run_commsrun({"-n", "3", "--", STORE_PROBE_PATH});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 3u) << describe(r);
+  std::set<std::string> joined;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::regex pattern(comms::str::cat(R"(\[)", rank, R"(\] probe ok rank=)", rank,
+                                    R"( sum=30 joined_at=(\d) local_address=127\.0\.0\.1)"));
+    bool found = false;
+    for (const auto& line : lines) {
+      std::smatch m;
+      if (std::regex_match(line, m, pattern)) {
+        found = true;
+        joined.insert(m[1]);
+      }
+    }
+    EXPECT_TRUE(found) << "rank " << rank << "\n" << describe(r);
+  }
+  EXPECT_EQ(joined, (std::set<std::string>{"1", "2", "3"})) << "add() did not count each rank once";
+}
+
+TEST(Commsrun, TwoNodesRendezvousThroughTheStoreOnNodeZero) {
+  std::string port = std::to_string(free_port());
+  auto node1 = std::async(std::launch::async, [&] {
+    return run_commsrun({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "-n", "2", "--",
+                         STORE_PROBE_PATH});
+  });
+  std::this_thread::sleep_for(200ms);  // node 1's ranks start first and must retry
+  auto node0 = run_commsrun({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "-n", "2", "--",
+                             STORE_PROBE_PATH});
+  auto r1 = node1.get();
+  ASSERT_EQ(node0.exit_code, 0) << describe(node0);
+  ASSERT_EQ(r1.exit_code, 0) << describe(r1);
+  // Ranks 0..3 stored 0, 10, 20, 30: every rank saw all four.
+  std::string both = node0.out + r1.out;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(contains(both, comms::str::cat("[", rank, "] probe ok rank=", rank, " sum=60 "))) << both;
+  }
+}
+
+TEST(Commsrun, NodeZeroReportsAFailureOnAnotherNode) {
+  std::string port = std::to_string(free_port());
+  auto node1 = std::async(std::launch::async, [&] {
+    return run_commsrun({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "-n", "1", "--", "sh", "-c",
+                         "sleep 0.5; exit 4"});
+  });
+  auto node0 = run_commsrun({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "-n", "1", "--", "true"});
+  auto r1 = node1.get();
+  EXPECT_EQ(r1.exit_code, 4) << describe(r1);
+  EXPECT_EQ(node0.exit_code, 4) << describe(node0);
+  EXPECT_TRUE(contains(node0.err, "commsrun: node 1 exited with status 4")) << describe(node0);
+  EXPECT_GE(node0.seconds, 0.4) << "node 0 closed the store before node 1 finished";
+}
+
+TEST(Commsrun, NodeZeroStopsWaitingForMissingNodesAfterTheExitBarrierTimeout) {
+  auto r = run_commsrun({"--nnodes", "2", "--node-rank", "0", "--master-port", std::to_string(free_port()),
+                         "--exit-barrier-timeout", "1", "-n", "1", "--", "true"});
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_TRUE(contains(r.err, "the other nodes did not all finish within 1 s")) << describe(r);
+  EXPECT_GE(r.seconds, 0.9);
+  EXPECT_LT(r.seconds, 5);
+}
+
+bool process_is_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  // A zombie waiting for a reaper counts as gone.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  auto paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'Z';
+}
+
+TEST(Commsrun, RanksDieWithAKilledLauncher) {
+  auto r = run_commsrun({"-n", "2", "--", "sh", "-c", "echo pid=$$; exec sleep 60"}, 20s,
+                        SignalWhen{"pid=", 2, SIGKILL});
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << describe(r);
+  EXPECT_LT(r.seconds, 10) << "the ranks kept commsrun's pipes open: " << describe(r);
+  std::vector<pid_t> pids;
+  std::regex pattern(R"(pid=(\d+))");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), pattern), end; it != end; ++it) {
+    pids.push_back(std::stoi((*it)[1]));
+  }
+  ASSERT_EQ(pids.size(), 2u) << describe(r);
+  auto deadline = Clock::now() + 3s;
+  for (pid_t pid : pids) {
+    while (!process_is_gone(pid) && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+    EXPECT_TRUE(process_is_gone(pid)) << "rank process " << pid << " outlived commsrun";
+  }
+}
+
+TEST(Commsrun, BadUsageIsRejectedWithAClearMessage) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {{"-n", "2"}, "missing PROGRAM"},
+      {{"-n", "0", "--", "true"}, "-n must be at least 1"},
+      {{"-n", "1", "--nnodes", "2", "--node-rank", "2", "--master-port", "1234", "--", "true"},
+       "--node-rank 2 is out of range"},
+      {{"-n", "1", "--nnodes", "2", "--node-rank", "0", "--", "true"}, "explicit, non-zero --master-port"},
+      {{"-n", "1", "--", "no-such-program-for-commsrun"}, "no-such-program-for-commsrun: command not found or not executable"},
+      {{"-n", "1", "echo", "--", "x"}, "unexpected 'echo' before --"},
+      {{"-n", "1", "--", "/nonexistent/program"}, "/nonexistent/program: command not found or not executable"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_commsrun(c.args, 10s);
+    EXPECT_NE(r.exit_code, 0) << c.message << "\n" << describe(r);
+    EXPECT_TRUE(contains(r.err, c.message)) << describe(r);
+    EXPECT_EQ(r.out, "") << describe(r);
+  }
+}
+
+}  // namespace
