@@ -81,7 +81,8 @@ json explain_hints(const BackendSpec& spec, const Hints& hints) {
     std::string text;
     Status s = plugin.descriptor->explain_hints(routed[t], &text);
     if (!s.is_ok()) throw Error(s.code, str::cat(plugin.name, ": ", s.message));
-    for (auto& [k, v] : json::parse(text).items()) out[k] = v;
+    const json explained = json::parse(text);  // items() must not outlive it
+    for (auto& [k, v] : explained.items()) out[k] = v;
   }
   return out;
 }

@@ -1,0 +1,61 @@
+// The plugin's one exported symbol. Loading it touches no device: the
+// version comes from the linked libnccl and device_count tolerates a machine
+// without a driver.
+#include <string>
+
+#include "comms/plugin.h"
+#include "nccl_api.h"
+#include "nccl_backend.h"
+
+namespace {
+
+int cuda_device_count(comms::DeviceType type) {
+  if (type != comms::DeviceType::kCuda) return 0;
+  int count = 0;
+  // No driver or no device is an error here, which means "none".
+  if (comms::nccl::real_nccl_api()->get_device_count(&count) != cudaSuccess) return 0;
+  return count;
+}
+
+comms::Status create(const comms::plugin::BackendInit& init,
+                     std::unique_ptr<comms::plugin::Backend>* out) {
+  try {
+    return comms::nccl::create_nccl_backend(comms::nccl::real_nccl_api(), init, out);
+  } catch (const std::exception& e) {
+    return {comms::ErrorCode::kInternal, std::string("creating the nccl backend: ") + e.what()};
+  }
+}
+
+comms::Status explain(const comms::Hints& hints, std::string* json) {
+  try {
+    return comms::nccl::explain_nccl_hints(hints, json);
+  } catch (const std::exception& e) {
+    return {comms::ErrorCode::kInternal, std::string("explaining nccl hints: ") + e.what()};
+  }
+}
+
+const std::string& linked_version() {
+  static const std::string version = [] {
+    int code = 0;
+    if (comms::nccl::real_nccl_api()->get_version(&code) != ncclSuccess) code = NCCL_VERSION_CODE;
+    return comms::nccl::nccl_version_string(code);
+  }();
+  return version;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const comms::plugin::PluginDescriptor*
+comms_plugin_entry() {
+  static const comms::plugin::PluginDescriptor descriptor = {
+      COMMS_PLUGIN_ABI_VERSION,
+      "nccl",
+      linked_version().c_str(),
+      comms::plugin::device_bit(comms::DeviceType::kCuda),
+      comms::nccl::kHintKeys,
+      cuda_device_count,
+      create,
+      explain,
+  };
+  return &descriptor;
+}
