@@ -730,6 +730,7 @@ bool Comm::Impl::offload(DeviceType t) {
                 config_.name, "offload", 0, config_.rank);
   }
   s.backend.reset();
+  s.offloaded_while_lazy = st == BackendState::kLazy;
   s.state = BackendState::kOffloaded;
   return true;
 }
@@ -740,7 +741,8 @@ bool Comm::Impl::reload(DeviceType t) {
   ++s.generation;
   std::unique_ptr<plugin::Backend> backend;
   Status st = s.plugin->descriptor->create(init_for(t), &backend);
-  if (st.is_ok()) st = backend->init();
+  // A backend that never connected comes back unconnected, as it was.
+  if (st.is_ok() && !s.offloaded_while_lazy) st = backend->init();
   if (!st.is_ok()) {
     throw Error(st.code,
                 str::cat("comms[", config_.name, " rank ", config_.rank, "/", config_.size,
@@ -751,9 +753,11 @@ bool Comm::Impl::reload(DeviceType t) {
   {
     std::lock_guard<std::mutex> lock(state_mu_);
     s.backend = std::move(backend);
-    s.state = BackendState::kReady;
+    s.state = s.offloaded_while_lazy ? BackendState::kLazy : BackendState::kReady;
   }
-  if (config_.bound_device && config_.bound_device->type == t) flush_barrier(t);
+  if (s.state.load() == BackendState::kReady && config_.bound_device && config_.bound_device->type == t) {
+    flush_barrier(t);
+  }
   return true;
 }
 

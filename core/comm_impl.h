@@ -58,6 +58,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     Hints hints;       // routed to this backend, prefix removed
     Device device;     // resolved
     int generation = 0;  // bumped by each reload; part of the store namespace
+    bool offloaded_while_lazy = false;  // reload leaves it lazy again
     std::string failure;  // why it failed, for fail-fast messages
   };
 

@@ -211,6 +211,7 @@ Group init_process_group(const InitOptions& options) {
   state->device = options.device;
   std::lock_guard<std::mutex> lock(reg.mu);
   reg.route = route;
+  state->library_owned = reg.sessions > 0;
   state->spec.creation_index = reg.next_index++;
   reg.world = state;
   reg.groups = {state};
@@ -275,6 +276,7 @@ std::shared_ptr<GroupState> register_group(GroupSpec spec, std::shared_ptr<Comm>
   (void)parent;
   {
     std::lock_guard<std::mutex> lock(reg.mu);
+    state->library_owned = reg.sessions > 0;
     reg.groups.push_back(state);
   }
   if (state->comm && log::enabled(log::Level::kInfo)) {

@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "comms/dist.h"
@@ -16,6 +17,12 @@ class GroupState {
   std::shared_ptr<Comm> comm;   // null on ranks that are not members
   std::optional<Device> device; // the bound device, kept for replays
   bool destroyed = false;
+  // Created while a Session was alive (or the world a Session created):
+  // shutdown() destroys exactly these.
+  bool library_owned = false;
+  // Device types released by offload_groups and not yet reloaded. Kept on
+  // non-members too, so every rank replays the same collective splits.
+  std::set<DeviceType> offloaded;
 };
 
 struct Registry {
@@ -25,6 +32,7 @@ struct Registry {
   uint64_t next_index = 0;
   int next_name = 0;  // pg<N>: every rank counts every new_group call alike
   Route route = Route::kDirect;
+  int sessions = 0;  // live Session objects
 };
 
 Registry& registry();

@@ -117,11 +117,15 @@ int main(int argc, char** argv) {
   int global_batch = 48;
   float lr = 0.05f;
   std::string model_kind = "linear";
+  int offload_every = 0;
   app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
   app.add_option("--print-every", print_every, "print the loss every K steps")->check(CLI::PositiveNumber);
   app.add_option("--batch", global_batch, "global batch size (split across ranks)")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "learning rate");
   app.add_option("--model", model_kind, "linear or mlp")->check(CLI::IsMember({"linear", "mlp"}));
+  app.add_option("--offload-every", offload_every,
+                 "every K steps, offload and reload the groups' communicators (as an RL loop does "
+                 "between phases): the device backends, or cpu on a CPU-only run");
   CLI11_PARSE(app, argc, argv);
 
   struct sigaction sa = {};
@@ -177,6 +181,18 @@ int main(int argc, char** argv) {
       if (rank == 0 && (step % print_every == 0 || step == 1)) {
         std::printf("step %d loss %.9g\n", step, loss);
         std::fflush(stdout);
+      }
+      if (offload_every > 0 && step % offload_every == 0) {
+        // Device backends are what an RL loop frees; a CPU-only run cycles
+        // its Gloo communicators instead, through the same path.
+        std::vector<comms::DeviceType> types;
+        if (!world->backends().has(comms::DeviceType::kCuda)) types.push_back(comms::DeviceType::kCpu);
+        const comms::dist::OffloadReport offloaded = comms::dist::offload_groups(types);
+        const comms::dist::ReloadReport reloaded = comms::dist::reload_groups();
+        if (rank == 0) {
+          std::printf("%s reloaded_groups=%d reloaded_communicators=%d\n", offloaded.to_string().c_str(),
+                      reloaded.groups_reloaded, reloaded.communicators_created);
+        }
       }
       if (stop_requested) {
         std::fprintf(stderr, "trainer: stopped by a signal at step %d\n", step);

@@ -5,6 +5,7 @@
 #include "comms/bootstrap.h"
 #include "comms/comm.h"
 #include "comms/dist.h"
+#include "comms/lifecycle.h"
 #include "comms/error.h"
 #include "comms/options.h"
 #include "comms/store.h"

@@ -5,6 +5,9 @@
 //          within the op timeout.
 //   abort  rank 0 aborts its comm while an op is in flight; wait() must
 //          throw kAborted promptly.
+//   exit-without-shutdown  groups are created, an async op is left in
+//          flight, and main returns without shutdown: the process must
+//          still exit promptly.
 // Survivors print "FAULT rank <r> code <code> after_ms <ms>: <message>" and
 // exit 3. SIGTERM is ignored so commsrun's stop signal cannot race the report.
 #include <signal.h>
@@ -32,6 +35,20 @@ int report(const Error& e, Clock::time_point since) {
 int main(int argc, char** argv) {
   signal(SIGTERM, SIG_IGN);
   const std::string mode = argc > 1 ? argv[1] : "kill";
+  if (mode == "exit-without-shutdown") {
+    dist::InitOptions init;
+    init.device = Device::cpu();
+    dist::Group w = dist::init_process_group(init);
+    std::vector<int> all(static_cast<size_t>(w.size()));
+    for (int r = 0; r < w.size(); ++r) all[static_cast<size_t>(r)] = r;
+    dist::Group g = dist::new_group(all);
+    static std::vector<float> y(4096, 1.0f);
+    OpOptions async;
+    async.async = true;
+    g->all_reduce(BufferView::of(y), ReduceOp::sum(), async);  // never waited for
+    std::printf("returning from main without shutdown\n");
+    return 0;
+  }
   auto world = new_comm("cpu:gloo", Device::cpu(), "world");
   const int last = world->size() - 1;
   std::vector<float> x(1024, 1.0f);

@@ -67,4 +67,11 @@ TEST(Faults, AbortWakesAnInFlightOpWithAbortedAndLaterOpsFailFast) {
   EXPECT_NE(p.output.find("AFTER code aborted"), std::string::npos) << p.output;
 }
 
+TEST(Faults, AProgramThatExitsWithoutShutdownDoesNotHang) {
+  auto p = run({COMMSRUN, "-n", "3", "--", FAULT_HELPER, "exit-without-shutdown"}, {}, 40s);
+  EXPECT_EQ(p.exit_code(), 0) << p.output;
+  EXPECT_LT(p.elapsed_s(), 15.0) << p.output;
+  EXPECT_NE(p.output.find("[2] returning from main without shutdown"), std::string::npos) << p.output;
+}
+
 }  // namespace

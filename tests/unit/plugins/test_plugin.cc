@@ -1,18 +1,58 @@
 // A plugin built only against include/comms/plugin.h, compiled in two
-// flavours for the loader tests:
+// flavours for the loader and lifecycle tests:
 //   TEST_PLUGIN_BAD_ABI: declares ABI version 999 (must be refused);
-//   otherwise "fakegpu": a cuda backend with no devices, whose hint keys
-//   overlap gloo's, to exercise hint routing.
+//   otherwise "fakegpu": a cuda backend with no devices and no data path,
+//   whose hint keys overlap gloo's (hint routing), and whose finalize fails
+//   when given fail_finalize=1 (failure injection for offload).
+#include <string>
+
 #include "comms/plugin.h"
 
 namespace {
 
-const char* const kKeys[] = {"interface", "min_ctas", nullptr};
+const char* const kKeys[] = {"interface", "min_ctas", "fail_finalize", nullptr};
 
 int no_devices(comms::DeviceType) { return 0; }
 
-comms::Status refuse(const comms::plugin::BackendInit&, std::unique_ptr<comms::plugin::Backend>*) {
-  return {comms::ErrorCode::kUnsupported, "fakegpu creates no backends"};
+class FakeBackend : public comms::plugin::Backend {
+ public:
+  explicit FakeBackend(const comms::plugin::BackendInit& init) : init_(init) {}
+  comms::Status init() override { return {}; }
+  comms::Status submit(const comms::plugin::OpDesc&, std::unique_ptr<comms::plugin::Work>*) override {
+    return {comms::ErrorCode::kUnsupported, "fakegpu moves no data"};
+  }
+  comms::Status split(const comms::plugin::SplitDesc& d, std::unique_ptr<comms::plugin::Backend>* child) override {
+    if (!d.ranks.empty()) *child = std::make_unique<FakeBackend>(d.child);
+    return {};
+  }
+  comms::Status set_hints(const comms::Hints&) override { return {}; }
+  comms::Status set_op_timeout(std::chrono::milliseconds) override { return {}; }
+  void abort(const std::string&) override {}
+  comms::Status finalize() override {
+    auto it = init_.hints.find("fail_finalize");
+    if (it != init_.hints.end() && it->second == "1") {
+      return {comms::ErrorCode::kInternal, "injected failure: fakegpu could not free its device memory"};
+    }
+    return {};
+  }
+  std::string describe() const override {
+    std::string j = "{\"fake\":true,\"hints\":{";
+    bool first = true;
+    for (const auto& [k, v] : init_.hints) {
+      j += (first ? "\"" : ",\"") + k + "\":\"" + v + "\"";
+      first = false;
+    }
+    return j + "}}";
+  }
+  bool supports_reduction(comms::DataType, comms::ReduceKind) const override { return true; }
+
+ private:
+  comms::plugin::BackendInit init_;
+};
+
+comms::Status create(const comms::plugin::BackendInit& init, std::unique_ptr<comms::plugin::Backend>* out) {
+  *out = std::make_unique<FakeBackend>(init);
+  return {};
 }
 
 }  // namespace
@@ -24,6 +64,6 @@ extern "C" __attribute__((visibility("default"))) const comms::plugin::PluginDes
 #else
       COMMS_PLUGIN_ABI_VERSION, "fakegpu",
 #endif
-      "0.0-test", comms::plugin::device_bit(comms::DeviceType::kCuda), kKeys, no_devices, refuse, nullptr};
+      "0.0-test", comms::plugin::device_bit(comms::DeviceType::kCuda), kKeys, no_devices, create, nullptr};
   return &d;
 }
