@@ -214,7 +214,8 @@ class Suite {
     if (pending_.empty()) return;
     std::vector<uint64_t> flags;
     for (auto& p : pending_) flags.push_back(p.flags);
-    if (size_ > 1) {
+    // Without a world comm (the --device cuda skip path) nothing ran anywhere.
+    if (size_ > 1 && world_) {
       try {
         world_->all_reduce(BufferView::of(flags), ReduceOp::bor());
       } catch (const Error& e) {
@@ -299,9 +300,10 @@ class Suite {
 
 // Why --device cuda cannot run here, or "" if it could.
 std::string cuda_unavailable(const std::string& backend) {
-  const BackendSpec spec = BackendSpec::parse(backend.empty() ? "cuda:nccl" : backend);
-  if (!spec.has(DeviceType::kCuda)) return "no CUDA device (backend '" + spec.to_string() + "' has no cuda entry)";
   try {
+    // The default map only has a cuda entry when a CUDA device is present.
+    const BackendSpec spec = BackendSpec::parse(backend);
+    if (!spec.has(DeviceType::kCuda)) return "no CUDA device (backend '" + spec.to_string() + "' has no cuda entry)";
     const auto& plugin = internal::PluginRegistry::instance().get(spec.backend_for(DeviceType::kCuda));
     const auto* d = plugin.descriptor;
     if (!d->device_count || d->device_count(DeviceType::kCuda) <= 0) return "no CUDA device";
