@@ -368,9 +368,7 @@ void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<C
     std::thread other(loop, 1);
     loop(0);
     other.join();
-    for (auto& ck : checkers) {
-      if (ck.failed()) cx.check.fail(ck.first_failure());
-    }
+    for (auto& ck : checkers) cx.check.merge(ck);
     for (auto& c : comms) destroy(cx, c, true);
   });
 }

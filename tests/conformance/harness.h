@@ -84,6 +84,10 @@ class Checker {
   void values(const Buf& got, size_t offset, size_t n, const Where& where,
               const std::function<double(size_t)>& expect);
   void fail(const std::string& message);
+  // Takes over another checker's first failure (e.g. from a helper thread).
+  void merge(const Checker& other) {
+    if (first_failure_.empty()) first_failure_ = other.first_failure_;
+  }
   bool failed() const { return !first_failure_.empty(); }
   const std::string& first_failure() const { return first_failure_; }
   int world_rank() const { return world_rank_; }

@@ -427,7 +427,7 @@ int main(int argc, char** argv) {
   const char* env_backend = std::getenv("COMMS_BACKEND");
   options.backend = env_backend ? env_backend : "";
   std::string device = "cpu";
-  double op_timeout_s = 60, case_timeout_s = 240;
+  double op_timeout_s = 60, case_timeout_s = 120;
   app.add_option("--backend", options.backend, "backend string (default: COMMS_BACKEND)");
   app.add_option("--device", device, "buffer device")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--plugin", options.plugin, "a backend plugin file (.so) to load and test");
