@@ -1,0 +1,45 @@
+// The suite judged by a backend whose answers are known: the correct self
+// plugin passes, and a build of it that ignores premul_sum's factor fails
+// with a message naming the op, dtype and first wrong index.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "subprocess.h"
+
+namespace {
+
+using comms::testing::run;
+using namespace std::chrono_literals;
+
+comms::testing::Process conformance(const std::string& plugin, const std::string& filter) {
+  return run({COMMSRUN, "-n", "1", "--", CONFORMANCE, "--plugin", plugin, "--filter", filter}, {}, 120s);
+}
+
+TEST(Conformance, TheCorrectSelfPluginPasses) {
+  auto p = conformance(SELF_PLUGIN, "world/*");
+  EXPECT_EQ(p.exit_code(), 0) << p.output;
+  EXPECT_TRUE(std::regex_search(p.output, std::regex(R"([1-9]\d* passed, 0 failed, \d+ skipped)"))) << p.output;
+}
+
+TEST(Conformance, AWrongReductionFailsTheSuiteNamingOpDtypeAndIndex) {
+  auto p = conformance(SELF_PLUGIN_BROKEN, "world/all_reduce/*");
+  EXPECT_NE(p.exit_code(), 0) << p.output;
+  EXPECT_TRUE(std::regex_search(p.output, std::regex(R"(\d+ passed, [1-9]\d* failed, \d+ skipped)"))) << p.output;
+  // The failing case names the premul_sum op on some dtype, where the first
+  // mismatch is and what was expected.
+  EXPECT_TRUE(std::regex_search(
+      p.output, std::regex(R"(FAIL world/all_reduce/float32/premul_sum/.*rank 0 .*op all_reduce dtype float32 )"
+                           R"(redop premul_sum count 1 .*first mismatch at index 0: expected \S+, got \S+)")))
+      << p.output;
+  // Reductions the bug does not touch still pass.
+  EXPECT_NE(p.output.find("PASS world/all_reduce/float32/sum/out-of-place"), std::string::npos) << p.output;
+}
+
+TEST(Conformance, AFilterThatMatchesNothingRunsNothing) {
+  auto p = conformance(SELF_PLUGIN, "no-such-case");
+  EXPECT_EQ(p.exit_code(), 0) << p.output;
+  EXPECT_NE(p.output.find("0 passed, 0 failed, 0 skipped"), std::string::npos) << p.output;
+}
+
+}  // namespace

@@ -1,0 +1,145 @@
+// The pieces of comms-conformance that every case uses: typed buffers,
+// closed-form values and expectations, the per-case checker, and the case
+// registry. Cases live in cases.cc, the driver in main.cc.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comms/comms.h"
+
+namespace comms::conformance {
+
+struct SuiteOptions {
+  std::string backend;
+  Device device = Device::cpu();
+  std::string plugin;
+  std::string filter = "*";
+  bool quick = false;
+  std::string json_path;
+  std::chrono::milliseconds op_timeout{60000};
+  std::chrono::milliseconds case_timeout{120000};
+};
+
+// A typed byte buffer on the host. One spare byte keeps data() non-null even
+// for zero elements, so a zero-count view is never mistaken for a null one.
+class Buf {
+ public:
+  Buf() = default;
+  Buf(DataType t, size_t n) : dtype_(t), count_(n), bytes_(n * element_size(t) + 1) {}
+  DataType dtype() const { return dtype_; }
+  size_t count() const { return count_; }
+  BufferView view() { return view(0, count_); }
+  BufferView view(size_t offset, size_t n) {
+    return {bytes_.data() + offset * element_size(dtype_), n, dtype_, Device::cpu()};
+  }
+  double get(size_t i) const;
+  void set(size_t i, double v);
+
+ private:
+  DataType dtype_ = DataType::kFloat32;
+  size_t count_ = 0;
+  std::vector<uint8_t> bytes_;
+};
+
+// The values rank r puts at index i for reduction `kind`, chosen so that every
+// partial result a backend can form (in any order) is exact in the type; only
+// avg's final division rounds. They stay small so no sum wraps; products
+// (powers of two) may wrap, which expected_reduction reproduces.
+double reduce_input(DataType t, ReduceKind kind, int r, size_t i);
+// The reduction of reduce_input over ranks 0..size-1 at index i.
+double expected_reduction(DataType t, const ReduceOp& op, int size, size_t i);
+// A value that identifies (rank, index) as far as the type can, for data
+// movement ops; exact in every type.
+double data_value(DataType t, int r, size_t i);
+
+std::vector<ReduceOp> reductions_for(DataType t);
+std::vector<DataType> all_data_types();
+std::string reduce_name(const ReduceOp& op);  // "sum", "premul_sum"
+
+// What one case is being checked for, named in every failure message.
+struct Where {
+  std::string op;
+  DataType dtype = DataType::kFloat32;
+  std::string redop;  // "" for ops without a reduction
+  size_t count = 0;
+  int root = -1;
+  std::string mode;  // sync, async, inflight#k
+  std::string what;  // which buffer, e.g. "output", "input left intact"
+  std::string describe() const;
+};
+
+// Collects the first failure of a case on this rank. Checks never throw and
+// never return early for the caller: every rank keeps issuing the same ops.
+class Checker {
+ public:
+  Checker(int world_rank, int group_rank) : world_rank_(world_rank), group_rank_(group_rank) {}
+  // Compares got[offset + i] with expect(i) for i < n: exactly for integers
+  // and bool, within the dtype's tolerance for floating types.
+  void values(const Buf& got, size_t offset, size_t n, const Where& where,
+              const std::function<double(size_t)>& expect);
+  void fail(const std::string& message);
+  // Takes over another checker's first failure (e.g. from a helper thread).
+  void merge(const Checker& other) {
+    if (first_failure_.empty()) first_failure_ = other.first_failure_;
+  }
+  bool failed() const { return !first_failure_.empty(); }
+  const std::string& first_failure() const { return first_failure_; }
+  int world_rank() const { return world_rank_; }
+  int group_rank() const { return group_rank_; }
+
+ private:
+  int world_rank_;
+  int group_rank_;
+  std::string first_failure_;
+};
+
+double tolerance(DataType t);
+
+// The group a case runs on, from this rank's point of view.
+struct Group {
+  std::string shape;             // world, contiguous, reversed, ...
+  std::shared_ptr<Comm> comm;    // null where this rank is not a member
+  std::vector<int> group_sizes;  // sizes of every group of the shape (all ranks know them)
+  int min_size() const;
+};
+
+struct CaseContext {
+  Comm& comm;
+  Checker& check;
+  const SuiteOptions& options;
+  Comm& world;
+};
+
+struct Case {
+  std::string name;  // "<shape>/<op>/<dtype>/<redop>/<placement>"
+  std::string group;  // the summary row
+  // Non-empty: the case is skipped on every rank, with this reason.
+  std::string skip_reason;
+  std::function<void(CaseContext&)> body;
+};
+
+// Whether the backend reduces (dtype, kind); probed once over the world.
+class Capabilities {
+ public:
+  void probe(Comm& world);
+  bool supports(DataType t, ReduceKind k) const { return supported_[int(t)][int(k)]; }
+  std::string unsupported_reason(DataType t, const ReduceOp& op) const;
+
+ private:
+  bool supported_[kNumDataTypes][kNumReduceKinds] = {};
+};
+
+// Appends the op cases of one group shape.
+void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptions& options,
+                  std::vector<Case>* cases);
+// Error-path and lifecycle cases; they run on the world comm.
+void add_error_cases(const std::string& shape, const Group& group, std::vector<Case>* cases);
+void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<Case>* cases);
+
+}  // namespace comms::conformance

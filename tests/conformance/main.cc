@@ -1,0 +1,455 @@
+// comms-conformance: the multi-process suite every backend plugin must pass.
+// Run under a launcher (commsrun, mpirun, srun); every rank runs the same
+// cases in the same order, and rank 0 prints the combined result.
+#include <fnmatch.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "harness.h"
+#include "plugin_registry.h"
+
+namespace comms::conformance {
+namespace {
+
+using namespace std::chrono_literals;
+
+// One group shape: its groups as lists of world ranks. Two-level shapes are
+// split from a reversed parent, with `groups` given in parent ranks.
+struct Shape {
+  std::string name;
+  std::vector<std::vector<int>> groups;
+  bool two_levels = false;
+};
+
+std::vector<int> iota_ranks(int from, int to) {
+  std::vector<int> r;
+  for (int i = from; i < to; ++i) r.push_back(i);
+  return r;
+}
+
+std::vector<Shape> shapes_for(int n, std::vector<std::string>* impossible) {
+  std::vector<Shape> shapes;
+  shapes.push_back({"world", {iota_ranks(0, n)}});
+  const int half = (n + 1) / 2;
+  Shape contiguous{"contiguous", {iota_ranks(0, half)}};
+  if (half < n) contiguous.groups.push_back(iota_ranks(half, n));
+  shapes.push_back(contiguous);
+  auto reversed = iota_ranks(0, n);
+  std::reverse(reversed.begin(), reversed.end());
+  shapes.push_back({"reversed", {reversed}});
+  Shape odd_even{"odd_even", {{}, {}}};
+  for (int r = 0; r < n; ++r) odd_even.groups[r % 2].push_back(r);
+  if (odd_even.groups[1].empty()) odd_even.groups.pop_back();
+  shapes.push_back(odd_even);
+  Shape single{"single_rank", {}};
+  for (int r = 0; r < n; ++r) single.groups.push_back({r});
+  shapes.push_back(single);
+  if (n >= 2) shapes.push_back({"without_rank0", {iota_ranks(1, n)}});
+  else impossible->push_back("without_rank0: needs 2 or more ranks");
+  // Level one: the world reversed; level two: its first half (reversed again)
+  // and the rest, in the parent's ranks.
+  Shape two{"two_levels", {}, true};
+  auto first = iota_ranks(0, half);
+  std::reverse(first.begin(), first.end());
+  two.groups.push_back(first);
+  if (half < n) two.groups.push_back(iota_ranks(half, n));
+  shapes.push_back(two);
+  return shapes;
+}
+
+// Aborts the comms of a case that outlives its time limit, so that every op
+// it is blocked in fails and the case ends.
+class Watchdog {
+ public:
+  Watchdog() : thread_([this] { loop(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void arm(std::vector<Comm*> targets, std::chrono::milliseconds limit) {
+    std::lock_guard lock(mu_);
+    targets_ = std::move(targets);
+    deadline_ = std::chrono::steady_clock::now() + limit;
+    armed_ = true;
+    fired_ = false;
+    cv_.notify_all();
+  }
+  // Returns whether it fired.
+  bool disarm() {
+    std::lock_guard lock(mu_);
+    armed_ = false;
+    targets_.clear();
+    return fired_;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      if (!armed_) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (cv_.wait_until(lock, deadline_) == std::cv_status::timeout && armed_ &&
+          std::chrono::steady_clock::now() >= deadline_) {
+        for (Comm* c : targets_) c->abort("comms-conformance: case time limit exceeded");
+        fired_ = true;
+        armed_ = false;
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, armed_ = false, fired_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+  std::vector<Comm*> targets_;
+  std::thread thread_;
+};
+
+struct Result {
+  std::string name, group, status, reason;
+};
+
+constexpr uint64_t kRanBit = uint64_t(1) << 63;
+constexpr int kMaxRankBits = 63;
+
+std::string rank_list(uint64_t mask) {
+  std::string s;
+  for (int r = 0; r < kMaxRankBits; ++r) {
+    if (mask & (uint64_t(1) << r)) s += (s.empty() ? "" : ",") + std::to_string(r) + (r == kMaxRankBits - 1 ? "+" : "");
+  }
+  return s;
+}
+
+class Suite {
+ public:
+  Suite(SuiteOptions options, std::shared_ptr<Comm> world, int rank, int size)
+      : options_(std::move(options)), world_(std::move(world)), rank_(rank), size_(size) {}
+
+  // Runs cases whose comm is `comm` on this rank (null: not a member).
+  void run(std::vector<Case>& cases, Comm* comm) {
+    for (auto& c : cases) {
+      if (fnmatch(options_.filter.c_str(), c.name.c_str(), 0) != 0) continue;
+      run_one(c, comm);
+      if (pending_.size() >= 64) flush();
+    }
+    flush();
+  }
+
+  void add_skipped(const std::string& name, const std::string& group, const std::string& reason) {
+    if (fnmatch(options_.filter.c_str(), name.c_str(), 0) != 0) return;
+    pending_.push_back({{name, group, "skipped", reason}, 0, "", 0});
+    flush();
+  }
+
+  bool any_case_matches(const std::vector<Case>& cases) const {
+    for (auto& c : cases) {
+      if (fnmatch(options_.filter.c_str(), c.name.c_str(), 0) == 0) return true;
+    }
+    return false;
+  }
+
+  int finish() {
+    if (rank_ == 0) print_summary();
+    return failed_ > 0 ? 1 : 0;
+  }
+
+  Watchdog& watchdog() { return watchdog_; }
+
+ private:
+  struct Pending {
+    Result result;
+    uint64_t flags;  // kRanBit if it ran here; bit r if it failed on rank r
+    std::string local_failure;
+    double seconds = 0;  // on this rank
+  };
+
+  void run_one(Case& c, Comm* comm) {
+    Pending p{{c.name, c.group, "", c.skip_reason}, 0, "", 0};
+    const auto t0 = std::chrono::steady_clock::now();
+    if (c.skip_reason.empty() && comm != nullptr) {
+      Checker check(rank_, comm->rank());
+      CaseContext cx{*comm, check, options_, *world_};
+      std::vector<Comm*> targets = {comm};
+      if (comm != world_.get()) targets.push_back(world_.get());
+      watchdog_.arm(targets, options_.case_timeout);
+      try {
+        c.body(cx);
+      } catch (const std::exception& e) {
+        check.fail(std::string("case threw: ") + e.what());
+      }
+      if (watchdog_.disarm()) {
+        check.fail("case exceeded its time limit of " + std::to_string(options_.case_timeout.count() / 1000) +
+                   " s; its comms were aborted");
+      }
+      p.flags = kRanBit;
+      if (check.failed()) {
+        p.flags |= uint64_t(1) << std::min(rank_, kMaxRankBits - 1);
+        p.local_failure = check.first_failure();
+        // Every rank reports its own failure; rank 0 reports which ranks failed.
+        if (rank_ != 0) std::printf("FAIL detail %s: %s\n", c.name.c_str(), p.local_failure.c_str());
+        std::fflush(stdout);
+      }
+    }
+    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    pending_.push_back(std::move(p));
+  }
+
+  // Combines the pending cases over the world and prints them on rank 0.
+  void flush() {
+    if (pending_.empty()) return;
+    std::vector<uint64_t> flags;
+    for (auto& p : pending_) flags.push_back(p.flags);
+    // Without a world comm (the --device cuda skip path) nothing ran anywhere.
+    if (size_ > 1 && world_) {
+      try {
+        world_->all_reduce(BufferView::of(flags), ReduceOp::bor());
+      } catch (const Error& e) {
+        // Without the world no result can be combined: report what this rank
+        // saw and stop, failing.
+        std::printf("FAIL the world comm failed while combining results: %s\n", e.what());
+        for (auto& p : pending_) p.flags |= uint64_t(1) << std::min(rank_, kMaxRankBits - 1);
+        record(flags);
+        pending_.clear();
+        std::printf("%d passed, %d failed, %d skipped\n", passed_, failed_, skipped_);
+        std::fflush(stdout);
+        std::_Exit(1);
+      }
+    }
+    record(flags);
+    pending_.clear();
+  }
+
+  void record(const std::vector<uint64_t>& flags) {
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      Result r = pending_[i].result;
+      const uint64_t f = flags[i];
+      const uint64_t failed_ranks = f & ~kRanBit;
+      if (failed_ranks) {
+        r.status = "failed";
+        r.reason = "failed on rank(s) " + rank_list(failed_ranks);
+        if (!pending_[i].local_failure.empty()) r.reason += ": " + pending_[i].local_failure;
+        else r.reason += " (see their FAIL detail lines)";
+        ++failed_;
+      } else if (r.reason.empty() && (f & kRanBit)) {
+        r.status = "passed";
+        ++passed_;
+      } else {
+        r.status = "skipped";
+        if (r.reason.empty()) r.reason = "no rank is a member of a group this case can run on";
+        ++skipped_;
+      }
+      if (rank_ == 0) {
+        // Slow cases show their time, to keep the suite's budget visible.
+        const double secs = pending_[i].seconds;
+        if (r.status == "passed" && secs >= 0.5) std::printf("PASS %s (%.1f s)\n", r.name.c_str(), secs);
+        else if (r.status == "passed") std::printf("PASS %s\n", r.name.c_str());
+        else if (r.status == "failed") std::printf("FAIL %s: %s\n", r.name.c_str(), r.reason.c_str());
+        else std::printf("SKIP %s: %s\n", r.name.c_str(), r.reason.c_str());
+      }
+      auto& row = table_[r.group];
+      (r.status == "passed" ? row[0] : r.status == "failed" ? row[1] : row[2])++;
+      results_.push_back(std::move(r));
+    }
+    std::fflush(stdout);
+  }
+
+  void print_summary() {
+    std::printf("\n%-22s %8s %8s %8s\n", "case group", "passed", "failed", "skipped");
+    for (auto& [group, row] : table_) std::printf("%-22s %8d %8d %8d\n", group.c_str(), row[0], row[1], row[2]);
+    if (!options_.json_path.empty()) {
+      nlohmann::json j;
+      j["backend"] = options_.backend;
+      j["device"] = options_.device.to_string();
+      j["world_size"] = size_;
+      j["passed"] = passed_;
+      j["failed"] = failed_;
+      j["skipped"] = skipped_;
+      for (auto& r : results_) {
+        j["cases"].push_back({{"name", r.name}, {"group", r.group}, {"status", r.status}, {"reason", r.reason}});
+      }
+      std::ofstream(options_.json_path) << j.dump(2) << "\n";
+    }
+    std::printf("%d passed, %d failed, %d skipped\n", passed_, failed_, skipped_);
+    std::fflush(stdout);
+  }
+
+  SuiteOptions options_;
+  std::shared_ptr<Comm> world_;
+  int rank_, size_;
+  Watchdog watchdog_;
+  std::vector<Pending> pending_;
+  std::vector<Result> results_;
+  std::map<std::string, std::array<int, 3>> table_;
+  int passed_ = 0, failed_ = 0, skipped_ = 0;
+};
+
+// Why --device cuda cannot run here, or "" if it could.
+std::string cuda_unavailable(const std::string& backend) {
+  try {
+    // The default map only has a cuda entry when a CUDA device is present.
+    const BackendSpec spec = BackendSpec::parse(backend);
+    if (!spec.has(DeviceType::kCuda)) return "no CUDA device (backend '" + spec.to_string() + "' has no cuda entry)";
+    const auto& plugin = internal::PluginRegistry::instance().get(spec.backend_for(DeviceType::kCuda));
+    const auto* d = plugin.descriptor;
+    if (!d->device_count || d->device_count(DeviceType::kCuda) <= 0) return "no CUDA device";
+  } catch (const Error& e) {
+    return std::string("no CUDA device (") + e.what() + ")";
+  }
+  // Allocating device buffers needs CUDA in this tool; the NCCL work adds it.
+  return "no CUDA device buffers: comms-conformance was built without CUDA";
+}
+
+int run_suite(SuiteOptions options) {
+  const BootstrapInfo boot = bootstrap_from_environment();
+  const int rank = boot.rank, size = boot.world_size;
+
+  std::string cuda_skip;
+  std::shared_ptr<Comm> world;
+  Capabilities caps;
+  if (options.device.type == DeviceType::kCuda) {
+    cuda_skip = cuda_unavailable(options.backend);
+  } else {
+    CommOptions co;
+    co.op_timeout = options.op_timeout;
+    world = new_comm(options.backend, Device::cpu(), "conformance-world", co);
+    options.backend = world->backend_string();
+    caps.probe(*world);
+  }
+  if (rank == 0) {
+    std::printf("comms-conformance: backend %s, device %s, world size %d%s\n",
+                options.backend.empty() ? "(default)" : options.backend.c_str(), options.device.to_string().c_str(),
+                size, options.quick ? ", quick" : "");
+    std::fflush(stdout);
+  }
+
+  Suite suite(options, world, rank, size);
+  std::vector<std::string> impossible;
+  const std::vector<Shape> shapes = shapes_for(size, &impossible);
+  for (const auto& why : impossible) suite.add_skipped(why.substr(0, why.find(':')) + "/*", "shapes", why.substr(why.find(':') + 2));
+
+  for (const Shape& shape : shapes) {
+    Group group{shape.name, nullptr, {}};
+    for (auto& g : shape.groups) group.group_sizes.push_back(int(g.size()));
+    std::vector<Case> cases;
+    SuiteOptions shape_options = options;
+    add_op_cases(group, caps, shape_options, &cases);
+    if (shape.name == "world" || shape.name == "two_levels") add_error_cases(shape.name, group, &cases);
+    if (!cuda_skip.empty()) {
+      for (auto& c : cases) c.skip_reason = cuda_skip;
+      suite.run(cases, nullptr);
+      continue;
+    }
+    if (!suite.any_case_matches(cases)) continue;
+
+    // Creating the groups is collective over the world: every rank does it.
+    std::shared_ptr<Comm> parent, comm;
+    try {
+      if (shape.name == "world") {
+        comm = world;
+      } else if (shape.two_levels) {
+        auto reversed = iota_ranks(0, size);
+        std::reverse(reversed.begin(), reversed.end());
+        parent = world->split(reversed, "conformance-two-levels-parent");
+        comm = parent->split_group(shape.groups, "conformance-two-levels");
+      } else {
+        comm = world->split_group(shape.groups, "conformance-" + shape.name);
+      }
+    } catch (const Error& e) {
+      std::printf("FAIL creating the %s groups: %s\n", shape.name.c_str(), e.what());
+      for (auto& c : cases) {
+        c.skip_reason = "";
+        c.body = [msg = std::string(e.what())](CaseContext& cx) { cx.check.fail("group creation failed: " + msg); };
+      }
+      comm = world;  // reports the failure on every rank
+    }
+    suite.run(cases, comm.get());
+    if (comm != world) {
+      for (auto* c : {&comm, &parent}) {
+        if (*c) {
+          try {
+            (*c)->finalize();
+          } catch (const Error& e) {
+            std::printf("warning: finalize of %s failed: %s\n", (*c)->name().c_str(), e.what());
+          }
+        }
+      }
+    }
+  }
+
+  std::vector<Case> lifecycle;
+  if (world) {
+    add_lifecycle_cases(*world, options, &lifecycle);
+    suite.run(lifecycle, world.get());
+  } else {
+    // No world comm on this path; the cases only need their names.
+    for (const char* name : {"errors/split_with_duplicate_ranks_fails", "errors/split_with_rank_outside_parent_fails",
+                             "errors/rank_skipping_an_op_times_out_the_others",
+                             "lifecycle/abort_interrupts_an_op_in_flight", "lifecycle/comms_created_and_destroyed",
+                             "lifecycle/same_name_on_different_subgroups", "lifecycle/concurrent_ops_on_two_comms"}) {
+      const std::string n(name);
+      suite.add_skipped("world/" + n, n.substr(0, n.find('/')), cuda_skip);
+    }
+  }
+  const int status = suite.finish();
+  if (world) {
+    try {
+      world->finalize();
+    } catch (const Error& e) {
+      std::printf("warning: finalize of the world failed: %s\n", e.what());
+    }
+  }
+  return status;
+}
+
+}  // namespace
+}  // namespace comms::conformance
+
+int main(int argc, char** argv) {
+  using comms::conformance::SuiteOptions;
+  CLI::App app{"comms-conformance: the backend conformance suite. Run it under a launcher, e.g.\n"
+               "  commsrun -n 4 -- comms-conformance --backend cpu:gloo"};
+  SuiteOptions options;
+  const char* env_backend = std::getenv("COMMS_BACKEND");
+  options.backend = env_backend ? env_backend : "";
+  std::string device = "cpu";
+  double op_timeout_s = 60, case_timeout_s = 120;
+  app.add_option("--backend", options.backend, "backend string (default: COMMS_BACKEND)");
+  app.add_option("--device", device, "buffer device")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--plugin", options.plugin, "a backend plugin file (.so) to load and test");
+  app.add_option("--filter", options.filter, "run only cases whose name matches this glob, e.g. 'world/all_reduce/*'");
+  app.add_flag("--quick", options.quick, "fewer counts and roots");
+  app.add_option("--json", options.json_path, "also write the results as JSON (rank 0)");
+  app.add_option("--op-timeout", op_timeout_s, "timeout of every op, in seconds");
+  app.add_option("--case-timeout", case_timeout_s, "time limit of one case, in seconds");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    options.device = comms::Device::parse(device);
+    options.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(op_timeout_s * 1000));
+    options.case_timeout = std::chrono::milliseconds(static_cast<int64_t>(case_timeout_s * 1000));
+    if (!options.plugin.empty()) {
+      const auto& loaded = comms::internal::PluginRegistry::instance().load_file(options.plugin);
+      options.backend = device + ":" + loaded.name;
+    }
+    return comms::conformance::run_suite(options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "comms-conformance: %s\n", e.what());
+    std::printf("0 passed, 1 failed, 0 skipped\n");
+    return 1;
+  }
+}
