@@ -39,6 +39,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include "algorithms.h"
 #include "reductions.h"
 
 namespace comms::gloo_backend {
@@ -116,17 +117,10 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
 // instances are cached per (op, dtype, reduction, count, root) over staging
 // buffers; every rank issues the same ops, so every rank makes the same
 // cache decisions and the instances' slots stay matched.
-constexpr size_t kFastPathMaxBytes = 256 * 1024;
 constexpr size_t kFastCacheEntries = 32;
-// Up to this many bytes gathered (size x message), an all_reduce gathers every
-// rank's whole buffer and reduces locally: n-1 ring steps instead of 2(n-1).
-// The local reduction runs in rank order, so all ranks get identical bits.
-constexpr size_t kGatherReduceMaxBytes = 64 * 1024;
-
-enum class FastAlgorithm : uint8_t { kRing, kGatherReduce, kBroadcast, kBarrier };
 
 struct FastKey {
-  FastAlgorithm algorithm;
+  SyncAlgorithm algorithm;
   OpType type;
   DataType dtype;
   ReduceKind kind;
@@ -395,16 +389,8 @@ Status GlooBackend::init() {
 }
 
 bool GlooBackend::fast_path_fits(const plugin::OpDesc& op) const {
-  if (!fast_ctx_ || op.timeout != fast_timeout_) return false;
-  switch (op.type) {
-    case OpType::kBarrier:
-      return true;
-    case OpType::kAllReduce:
-    case OpType::kBroadcast:
-      return op.count > 0 && op.count * element_size(op.dtype) <= kFastPathMaxBytes;
-    default:
-      return false;
-  }
+  return fast_ctx_ && op.timeout == fast_timeout_ &&
+         sync_algorithm_for(op.type, op.count * element_size(op.dtype), init_.size) != SyncAlgorithm::kNone;
 }
 
 FastEntry& GlooBackend::fast_entry(const FastKey& key) {
@@ -417,7 +403,7 @@ FastEntry& GlooBackend::fast_entry(const FastKey& key) {
   FastEntry e;
   e.key = key;
   const size_t bytes = key.count * element_size(key.dtype);
-  e.staging.resize(std::max<size_t>(1, key.algorithm == FastAlgorithm::kGatherReduce
+  e.staging.resize(std::max<size_t>(1, key.algorithm == SyncAlgorithm::kGatherReduce
                                            ? bytes * (static_cast<size_t>(init_.size) + 1)
                                            : bytes));
   with_element_type(element_size(key.dtype), [&](auto tag) {
@@ -425,20 +411,20 @@ FastEntry& GlooBackend::fast_entry(const FastKey& key) {
     std::vector<S*> ptrs = {reinterpret_cast<S*>(e.staging.data())};
     const int count = static_cast<int>(key.count);
     switch (key.algorithm) {
-      case FastAlgorithm::kGatherReduce: {
+      case SyncAlgorithm::kGatherReduce: {
         // staging = [this rank's input | size gathered buffers]
         std::vector<const S*> in = {reinterpret_cast<const S*>(e.staging.data())};
         e.algorithm = std::make_unique<::gloo::AllgatherRing<S>>(
             fast_ctx_, in, reinterpret_cast<S*>(e.staging.data() + bytes), count);
         break;
       }
-      case FastAlgorithm::kRing: {
+      case SyncAlgorithm::kRing: {
         auto fn = std::make_shared<::gloo::ReductionFunction<S>>(::gloo::CUSTOM, in_place_fn<S>(key.dtype, key.kind));
         e.algorithm = std::make_unique<::gloo::AllreduceRing<S>>(fast_ctx_, ptrs, count, fn.get());
         e.reduction = fn;
         break;
       }
-      case FastAlgorithm::kBroadcast:
+      case SyncAlgorithm::kBroadcast:
         e.algorithm = std::make_unique<::gloo::BroadcastOneToAll<S>>(fast_ctx_, ptrs, count, key.root);
         break;
       default:
@@ -451,21 +437,16 @@ FastEntry& GlooBackend::fast_entry(const FastKey& key) {
 
 void GlooBackend::run_fast(const plugin::OpDesc& op) {
   const size_t bytes = op.count * element_size(op.dtype);
-  FastAlgorithm algorithm = FastAlgorithm::kBarrier;
-  if (op.type == OpType::kBroadcast) algorithm = FastAlgorithm::kBroadcast;
-  if (op.type == OpType::kAllReduce) {
-    algorithm = bytes * static_cast<size_t>(init_.size) <= kGatherReduceMaxBytes ? FastAlgorithm::kGatherReduce
-                                                                                  : FastAlgorithm::kRing;
-  }
+  const SyncAlgorithm algorithm = sync_algorithm_for(op.type, bytes, init_.size);
   const ReduceKind kind = op.type == OpType::kAllReduce ? op.reduce.kind : ReduceKind::kSum;
   FastEntry& e = fast_entry({algorithm, op.type, op.dtype, kind, op.type == OpType::kBroadcast ? op.root : -1,
                              op.type == OpType::kBarrier ? 0 : op.count});
   if (op.type != OpType::kBarrier) std::memcpy(e.staging.data(), op.input, bytes);
   e.algorithm->run();
   switch (algorithm) {
-    case FastAlgorithm::kBarrier:
+    case SyncAlgorithm::kBarrier:
       return;
-    case FastAlgorithm::kGatherReduce: {
+    case SyncAlgorithm::kGatherReduce: {
       const uint8_t* gathered = e.staging.data() + bytes;
       const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
       if (init_.size == 1) {
@@ -935,7 +916,7 @@ std::string GlooBackend::describe() const {
   os << "{\"transport\":\"tcp\",\"interface\":\"" << config_.interface << "\",\"hostname\":\""
      << config_.hostname << "\",\"busy_poll\":\"" << config_.busy_poll
      << "\",\"busy_poll_enabled\":" << (config_.busy_poll_enabled ? "true" : "false")
-     << ",\"sync_path_max_bytes\":" << kFastPathMaxBytes
+     << ",\"sync_path_max_bytes\":" << kSyncPathMaxBytes
      << ",\"op_timeout_ms\":" << op_timeout_.load().count() << "}";
   return os.str();
 }

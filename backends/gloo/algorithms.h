@@ -1,0 +1,60 @@
+// Which Gloo algorithm runs each op. One function, used by the backend and by
+// comms-bench's raw-Gloo baseline, so the baseline times the same algorithm.
+//
+// Small all_reduce, broadcast and barrier run on a mesh of synchronous pairs
+// (the calling thread reads its own socket; busy-polling when ranks <= cores):
+//   all_reduce up to 64 KiB gathered (size x message): gather every rank's
+//     buffer (AllgatherRing, n-1 steps) and reduce locally in rank order;
+//   all_reduce up to 256 KiB: AllreduceRing;
+//   broadcast up to 256 KiB: BroadcastOneToAll;   barrier: BarrierAllToAll.
+// Everything else runs Gloo's options-style collectives on the async mesh
+// (allreduce's ring, broadcast, allgather(v), alltoall(v), gather, scatter,
+// reduce; reduce_scatter as alltoall plus a local reduction).
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "comms/plugin.h"
+
+namespace comms::gloo_backend {
+
+inline constexpr size_t kSyncPathMaxBytes = 256 * 1024;
+inline constexpr size_t kGatherReduceMaxBytes = 64 * 1024;
+
+enum class SyncAlgorithm : uint8_t { kNone, kGatherReduce, kRing, kBroadcast, kBarrier };
+
+constexpr SyncAlgorithm sync_algorithm_for(plugin::OpType type, size_t bytes, int size) {
+  switch (type) {
+    case plugin::OpType::kBarrier:
+      return SyncAlgorithm::kBarrier;
+    case plugin::OpType::kAllReduce:
+      if (bytes == 0 || bytes > kSyncPathMaxBytes) return SyncAlgorithm::kNone;
+      return bytes * static_cast<size_t>(size) <= kGatherReduceMaxBytes ? SyncAlgorithm::kGatherReduce
+                                                                        : SyncAlgorithm::kRing;
+    case plugin::OpType::kBroadcast:
+      return bytes == 0 || bytes > kSyncPathMaxBytes ? SyncAlgorithm::kNone : SyncAlgorithm::kBroadcast;
+    default:
+      return SyncAlgorithm::kNone;
+  }
+}
+
+constexpr std::string_view algorithm_name(plugin::OpType type, SyncAlgorithm a) {
+  switch (a) {
+    case SyncAlgorithm::kGatherReduce: return "sync AllgatherRing + local reduce";
+    case SyncAlgorithm::kRing: return "sync AllreduceRing";
+    case SyncAlgorithm::kBroadcast: return "sync BroadcastOneToAll";
+    case SyncAlgorithm::kBarrier: return "sync BarrierAllToAll";
+    case SyncAlgorithm::kNone: break;
+  }
+  switch (type) {
+    case plugin::OpType::kReduceScatter:
+    case plugin::OpType::kReduceScatterV: return "alltoall(v) + local reduce";
+    case plugin::OpType::kSend:
+    case plugin::OpType::kRecv:
+    case plugin::OpType::kBatchP2P: return "unbound-buffer send/recv";
+    default: return "options-style collective";
+  }
+}
+
+}  // namespace comms::gloo_backend

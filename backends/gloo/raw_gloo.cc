@@ -1,0 +1,287 @@
+#include "raw_gloo.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allgather_ring.h>
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier_all_to_all.h>
+#include <gloo/broadcast.h>
+#include <gloo/broadcast_one_to_all.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include "algorithms.h"
+#include "reductions.h"
+
+namespace comms::gloo_backend {
+namespace {
+
+using plugin::OpType;
+
+class Adapter : public ::gloo::rendezvous::Store {
+ public:
+  Adapter(comms::Store& s, std::string prefix, std::chrono::milliseconds t) : s_(s), p_(std::move(prefix)), t_(t) {}
+  void set(const std::string& k, const std::vector<char>& d) override { s_.set(p_ + k, std::string(d.begin(), d.end())); }
+  std::vector<char> get(const std::string& k) override {
+    auto v = s_.get(p_ + k, t_);
+    return {v.begin(), v.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, t_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
+    std::vector<std::string> p;
+    for (const auto& k : keys) p.push_back(p_ + k);
+    s_.wait(p, t_);
+  }
+
+ private:
+  comms::Store& s_;
+  std::string p_;
+  std::chrono::milliseconds t_;
+};
+
+int cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+template <class F>
+void by_width(size_t w, F&& f) {
+  switch (w) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    default: return f(uint64_t{});
+  }
+}
+
+}  // namespace
+
+class RawGloo::Impl {
+ public:
+  int rank, size;
+  std::chrono::milliseconds timeout;
+  std::shared_ptr<::gloo::transport::Device> device;
+  std::shared_ptr<::gloo::rendezvous::Context> async_ctx, sync_ctx;
+  // Algorithm instances bound to the caller's buffers: every rank runs the
+  // same sizes in the same order, so every rank builds them alike.
+  using Key = std::tuple<int, const void*, void*, size_t, int, int, int>;
+  struct Bound {
+    std::unique_ptr<::gloo::Algorithm> algorithm;
+    std::shared_ptr<void> reduction;
+    std::vector<uint8_t> gathered;
+  };
+  std::map<Key, Bound> bound;
+  std::vector<uint8_t> tmp;
+};
+
+RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::milliseconds timeout)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->rank = rank;
+  impl_->size = size;
+  impl_->timeout = timeout;
+  ::gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  impl_->device = ::gloo::transport::tcp::CreateDevice(attr);
+  for (auto* which : {&impl_->async_ctx, &impl_->sync_ctx}) {
+    auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(timeout);
+    Adapter a(store, which == &impl_->async_ctx ? "raw-async/" : "raw-sync/", timeout);
+    ctx->connectFullMesh(a, impl_->device);
+    *which = ctx;
+  }
+  const bool busy_poll = local_size <= cores();
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) impl_->sync_ctx->getPair(r)->setSync(true, busy_poll);
+  }
+}
+
+RawGloo::~RawGloo() {
+  impl_->bound.clear();
+  impl_->async_ctx->closeConnections();
+  impl_->sync_ctx->closeConnections();
+}
+
+std::string RawGloo::algorithm(OpType type, size_t bytes) const {
+  return std::string(algorithm_name(type, sync_algorithm_for(type, bytes, impl_->size)));
+}
+
+void RawGloo::run(OpType type, const void* input, void* output, size_t count, DataType dtype, ReduceKind kind,
+                  int root, int peer) {
+  auto& im = *impl_;
+  const size_t es = element_size(dtype);
+  const size_t bytes = count * es;
+  auto* in = static_cast<uint8_t*>(const_cast<void*>(input));
+  auto* out = static_cast<uint8_t*>(output);
+  const SyncAlgorithm sync = sync_algorithm_for(type, bytes, im.size);
+  const Impl::Key key{int(type), input, output, count, int(dtype), int(kind), root};
+  switch (sync) {
+    case SyncAlgorithm::kGatherReduce: {
+      auto& b = im.bound[key];
+      if (!b.algorithm) {
+        b.gathered.resize(bytes * static_cast<size_t>(im.size));
+        by_width(es, [&](auto t) {
+          using S = decltype(t);
+          std::vector<const S*> ins = {reinterpret_cast<const S*>(in)};
+          b.algorithm = std::make_unique<::gloo::AllgatherRing<S>>(im.sync_ctx, ins,
+                                                                   reinterpret_cast<S*>(b.gathered.data()), int(count));
+        });
+      }
+      b.algorithm->run();
+      const ReduceFn fn = reduce_fn(dtype, kind);
+      fn(out, b.gathered.data(), b.gathered.data() + bytes, count);
+      for (int r = 2; r < im.size; ++r) fn(out, out, b.gathered.data() + r * bytes, count);
+      return;
+    }
+    case SyncAlgorithm::kRing: {
+      // In place on the output, as Gloo's ring works.
+      if (out != in) std::memcpy(out, in, bytes);
+      auto& b = im.bound[key];
+      if (!b.algorithm) {
+        by_width(es, [&](auto t) {
+          using S = decltype(t);
+          auto fn = std::make_shared<::gloo::ReductionFunction<S>>(::gloo::CUSTOM, in_place_fn<S>(dtype, kind));
+          std::vector<S*> ptrs = {reinterpret_cast<S*>(out)};
+          b.algorithm = std::make_unique<::gloo::AllreduceRing<S>>(im.sync_ctx, ptrs, int(count), fn.get());
+          b.reduction = fn;
+        });
+      }
+      b.algorithm->run();
+      return;
+    }
+    case SyncAlgorithm::kBroadcast: {
+      auto& b = im.bound[key];
+      if (!b.algorithm) {
+        by_width(es, [&](auto t) {
+          using S = decltype(t);
+          std::vector<S*> ptrs = {reinterpret_cast<S*>(out)};
+          b.algorithm = std::make_unique<::gloo::BroadcastOneToAll<S>>(im.sync_ctx, ptrs, int(count), root);
+        });
+      }
+      b.algorithm->run();
+      return;
+    }
+    case SyncAlgorithm::kBarrier: {
+      auto& b = im.bound[key];
+      if (!b.algorithm) b.algorithm = std::make_unique<::gloo::BarrierAllToAll>(im.sync_ctx);
+      b.algorithm->run();
+      return;
+    }
+    case SyncAlgorithm::kNone:
+      break;
+  }
+  const auto& ctx = im.async_ctx;
+  switch (type) {
+    case OpType::kAllReduce:
+      by_width(es, [&](auto t) {
+        using S = decltype(t);
+        ::gloo::AllreduceOptions o(ctx);
+        if (in != out) o.setInput(reinterpret_cast<S*>(in), count);
+        o.setOutput(reinterpret_cast<S*>(out), count);
+        o.setReduceFunction(reduce_fn(dtype, kind));
+        o.setTimeout(im.timeout);
+        ::gloo::allreduce(o);
+      });
+      return;
+    case OpType::kReduce:
+      by_width(es, [&](auto t) {
+        using S = decltype(t);
+        ::gloo::ReduceOptions o(ctx);
+        o.setRoot(root);
+        if (in != out) o.setInput(reinterpret_cast<S*>(in), count);
+        o.setOutput(reinterpret_cast<S*>(out), count);
+        o.setReduceFunction(reduce_fn(dtype, kind));
+        o.setTimeout(im.timeout);
+        ::gloo::reduce(o);
+      });
+      return;
+    case OpType::kBroadcast: {
+      ::gloo::BroadcastOptions o(ctx);
+      o.setRoot(root);
+      o.setOutput(out, bytes);
+      o.setTimeout(im.timeout);
+      ::gloo::broadcast(o);
+      return;
+    }
+    case OpType::kAllGather: {
+      ::gloo::AllgatherOptions o(ctx);
+      o.setInput(in, bytes);
+      o.setOutput(out, bytes * im.size);
+      o.setTimeout(im.timeout);
+      ::gloo::allgather(o);
+      return;
+    }
+    case OpType::kReduceScatter: {
+      im.tmp.resize(bytes * im.size);
+      ::gloo::AlltoallOptions o(ctx);
+      o.setInput(in, bytes * im.size);
+      o.setOutput(im.tmp.data(), bytes * im.size);
+      o.setTimeout(im.timeout);
+      ::gloo::alltoall(o);
+      const ReduceFn fn = reduce_fn(dtype, kind);
+      std::memcpy(out, im.tmp.data(), bytes);
+      for (int r = 1; r < im.size; ++r) fn(out, out, im.tmp.data() + r * bytes, count);
+      return;
+    }
+    case OpType::kAllToAll: {
+      ::gloo::AlltoallOptions o(ctx);
+      o.setInput(in, bytes * im.size);
+      o.setOutput(out, bytes * im.size);
+      o.setTimeout(im.timeout);
+      ::gloo::alltoall(o);
+      return;
+    }
+    case OpType::kGather: {
+      ::gloo::GatherOptions o(ctx);
+      o.setRoot(root);
+      o.setInput(in, bytes);
+      if (im.rank == root) o.setOutput(out, bytes * im.size);
+      o.setTimeout(im.timeout);
+      ::gloo::gather(o);
+      return;
+    }
+    case OpType::kScatter: {
+      ::gloo::ScatterOptions o(ctx);
+      o.setRoot(root);
+      if (im.rank == root) {
+        std::vector<uint8_t*> ins(static_cast<size_t>(im.size));
+        for (int r = 0; r < im.size; ++r) ins[static_cast<size_t>(r)] = in + r * bytes;
+        o.setInputs(ins, bytes);
+      }
+      o.setOutput(out, bytes);
+      o.setTimeout(im.timeout);
+      ::gloo::scatter(o);
+      return;
+    }
+    case OpType::kSend:
+    case OpType::kRecv:
+    case OpType::kBatchP2P: {
+      auto s = ctx->createUnboundBuffer(in, bytes);
+      auto r = ctx->createUnboundBuffer(out, bytes);
+      const uint64_t slot = ::gloo::Slot::build(0x41, 0);
+      s->send(peer, slot);
+      r->recv(peer, slot);
+      s->waitSend(im.timeout);
+      r->waitRecv(im.timeout);
+      return;
+    }
+    default:
+      throw std::invalid_argument("raw gloo: op not benchmarked");
+  }
+}
+
+}  // namespace comms::gloo_backend

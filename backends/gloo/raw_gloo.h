@@ -1,0 +1,38 @@
+// The raw-Gloo baseline of comms-bench --raw-gloo: the same algorithm the
+// Gloo backend picks for an op (algorithms.h), called directly on the
+// caller's buffers, with none of libcomms around it (no validation, no
+// dispatch, no Work, no staging copies where Gloo can use the buffers). The
+// difference to the same op through comms is libcomms' overhead.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comms/plugin.h"
+#include "comms/store.h"
+
+namespace comms::gloo_backend {
+
+class RawGloo {
+ public:
+  // Connects an async mesh and a sync mesh (busy-polling as the backend
+  // would) over `store`. Collective over the job.
+  RawGloo(Store& store, int rank, int size, int local_size, std::chrono::milliseconds timeout);
+  ~RawGloo();
+  RawGloo(const RawGloo&) = delete;
+  RawGloo& operator=(const RawGloo&) = delete;
+
+  // Runs one op. Counts as in plugin::OpDesc; `peer` is for send/recv
+  // (send to and receive from peer at once, as comms-bench's send_recv does).
+  void run(plugin::OpType type, const void* input, void* output, size_t count, DataType dtype,
+           ReduceKind kind, int root, int peer);
+
+  std::string algorithm(plugin::OpType type, size_t bytes) const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace comms::gloo_backend

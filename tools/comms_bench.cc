@@ -1,0 +1,365 @@
+// comms-bench: nccl-tests-style measurements of the Comm API, run under
+// commsrun. For each size it times every iteration on every rank, takes the
+// max over ranks of each iteration (as nccl-tests reports), and prints the
+// mean, p50 and p99 with algbw and busbw (nccl-tests' busbw factors).
+// --raw-gloo times the Gloo backend's own algorithm for the same op and size
+// called directly (backends/gloo/raw_gloo.h), so libcomms' overhead shows.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "comm_impl.h"
+#include "comms/comms.h"
+#include "comms/numeric.h"
+#include "algorithms.h"
+#include "raw_gloo.h"
+#include "strutil.h"
+
+namespace {
+
+using namespace comms;
+using plugin::OpType;
+using Clock = std::chrono::steady_clock;
+
+struct OpInfo {
+  const char* name;
+  OpType type;
+  // busbw = algbw * factor(n), as nccl-tests defines it.
+  double (*bus_factor)(int n);
+  // How many elements the op's "count" is for a size in bytes (the size is
+  // the largest buffer: nccl-tests' convention).
+  bool size_is_total;
+};
+
+double one(int) { return 1; }
+double all_reduce_factor(int n) { return 2.0 * (n - 1) / n; }
+double gather_factor(int n) { return double(n - 1) / n; }
+
+const OpInfo kOps[] = {
+    {"all_reduce", OpType::kAllReduce, all_reduce_factor, false},
+    {"all_gather", OpType::kAllGather, gather_factor, true},
+    {"reduce_scatter", OpType::kReduceScatter, gather_factor, true},
+    {"broadcast", OpType::kBroadcast, one, false},
+    {"reduce", OpType::kReduce, one, false},
+    {"all_to_all", OpType::kAllToAll, gather_factor, true},
+    {"gather", OpType::kGather, gather_factor, true},
+    {"scatter", OpType::kScatter, gather_factor, true},
+    {"barrier", OpType::kBarrier, one, false},
+    {"send_recv", OpType::kSend, one, false},
+};
+
+size_t parse_size(const std::string& text) {
+  std::string_view t = str::strip(text);
+  double scale = 1;
+  if (!t.empty()) {
+    switch (t.back()) {
+      case 'K': case 'k': scale = 1024; t.remove_suffix(1); break;
+      case 'M': case 'm': scale = 1024.0 * 1024; t.remove_suffix(1); break;
+      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; t.remove_suffix(1); break;
+      default: break;
+    }
+  }
+  double v = 0;
+  if (!str::parse_double(t, &v) || v < 0) throw std::invalid_argument("bad size '" + text + "'");
+  return static_cast<size_t>(v * scale);
+}
+
+struct Row {
+  std::string op, dtype, redop, placement;
+  size_t bytes = 0, count = 0;
+  double mean_us = 0, p50_us = 0, p99_us = 0, algbw = 0, busbw = 0;
+  int64_t wrong = 0;
+  bool raw = false;
+  std::string algorithm;
+};
+
+class Bench {
+ public:
+  Bench(std::shared_ptr<Comm> comm, const OpInfo& op, DataType dtype, ReduceOp redop, int iters, int warmup,
+        bool check, gloo_backend::RawGloo* raw)
+      : comm_(std::move(comm)), op_(op), dtype_(dtype), redop_(redop), iters_(iters), warmup_(warmup),
+        check_(check), raw_(raw) {}
+
+  Row run(size_t bytes, bool in_place) {
+    const int n = comm_->size();
+    const int rank = comm_->rank();
+    const size_t es = element_size(dtype_);
+    // count: the op's per-rank element count (OpDesc convention).
+    size_t count = bytes / es;
+    if (op_.size_is_total) count /= static_cast<size_t>(n);
+    const size_t big = op_.size_is_total ? count * n : count;
+    in_.assign(big * es + 64, 0);
+    out_.assign(big * es + 64, 0);
+    const bool p2p = op_.type == OpType::kSend;
+    const int peer = rank ^ 1;
+    if (p2p && peer >= n) throw std::invalid_argument("send_recv needs an even number of ranks");
+
+    auto fill = [&] {
+      for (size_t i = 0; i < big; ++i) numeric::store_from_double(in_.data(), dtype_, i, double((rank + 1) + i % 3));
+      if (in_place) std::copy(in_.begin(), in_.end(), out_.begin());
+    };
+    fill();
+    auto issue = [&] {
+      void* output = in_place ? in_.data() : out_.data();
+      if (raw_) {
+        raw_->run(op_.type, in_.data(), output, count, dtype_, redop_.kind, 0, peer);
+        return;
+      }
+      BufferView in{in_.data(), count, dtype_, Device::cpu()};
+      BufferView out{output, count, dtype_, Device::cpu()};
+      switch (op_.type) {
+        case OpType::kAllReduce: comm_->all_reduce(in, out, redop_); break;
+        case OpType::kReduce: comm_->reduce(in, out, 0, redop_); break;
+        case OpType::kBroadcast: comm_->broadcast(in, 0); break;
+        case OpType::kAllGather:
+          out.count = count * n;
+          if (in_place) in.data = in_.data() + rank * count * es;
+          comm_->all_gather(in, out);
+          break;
+        case OpType::kReduceScatter:
+          in.count = count * n;
+          if (in_place) out.data = in_.data() + rank * count * es;
+          comm_->reduce_scatter(in, out, redop_);
+          break;
+        case OpType::kAllToAll:
+          in.count = out.count = count * n;
+          comm_->all_to_all(in, out);
+          break;
+        case OpType::kGather:
+          out.count = count * n;
+          if (in_place) in.data = out_.data() + 0;  // root 0's slice
+          comm_->gather(in, out, 0);
+          break;
+        case OpType::kScatter:
+          in.count = count * n;
+          if (in_place && rank == 0) out.data = in_.data();
+          comm_->scatter(in, out, 0);
+          break;
+        case OpType::kBarrier: comm_->barrier(); break;
+        case OpType::kSend: {
+          const P2POp ops[] = {P2POp::send(in, peer), P2POp::recv(out, peer)};
+          comm_->batch_p2p(ops);
+          break;
+        }
+        default: break;
+      }
+    };
+
+    int64_t wrong = 0;
+    if (check_) {
+      issue();
+      wrong = count_wrong(count, in_place, rank, n, peer);
+      comm_->all_reduce(BufferView::of(&wrong, 1), ReduceOp::sum());
+      fill();
+    }
+    for (int i = 0; i < warmup_; ++i) issue();
+    std::vector<double> times(static_cast<size_t>(iters_));
+    for (int i = 0; i < iters_; ++i) {
+      const auto start = Clock::now();
+      issue();
+      times[static_cast<size_t>(i)] = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    }
+    // Each iteration takes as long as its slowest rank.
+    comm_->all_reduce(BufferView::of(times), ReduceOp::max());
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    Row row;
+    row.op = op_.name;
+    row.dtype = std::string(to_string(dtype_));
+    row.redop = to_string(redop_);
+    row.placement = in_place ? "in-place" : "out-of-place";
+    row.bytes = op_.type == OpType::kBarrier ? 0 : (op_.size_is_total ? count * n * es : count * es);
+    row.count = count;
+    row.mean_us = std::accumulate(times.begin(), times.end(), 0.0) / std::max<size_t>(1, times.size());
+    row.p50_us = sorted[sorted.size() / 2];
+    row.p99_us = sorted[std::min(sorted.size() - 1, sorted.size() * 99 / 100)];
+    row.algbw = row.mean_us > 0 ? double(row.bytes) / (row.mean_us * 1e3) : 0;  // GB/s
+    row.busbw = row.algbw * op_.bus_factor(n);
+    row.wrong = wrong;
+    row.raw = raw_ != nullptr;
+    row.algorithm = comm_->backends().backend_for(DeviceType::kCpu) == "gloo"
+                        ? std::string(gloo_backend::algorithm_name(
+                              op_.type, gloo_backend::sync_algorithm_for(op_.type, count * es, n)))
+                        : std::string();
+    return row;
+  }
+
+ private:
+  // Checks the output against the closed form for the values fill() wrote.
+  int64_t count_wrong(size_t count, bool in_place, int rank, int n, int peer) const {
+    const uint8_t* out = in_place ? in_.data() : out_.data();
+    auto value = [&](int r, size_t i) { return double((r + 1) + i % 3); };
+    auto same = [&](const uint8_t* buf, size_t i, double want) {
+      std::vector<uint8_t> cell(8);
+      numeric::store_from_double(cell.data(), dtype_, 0, want);  // round like the type
+      const double w = numeric::load_as_double(cell.data(), dtype_, 0);
+      const double got = numeric::load_as_double(buf, dtype_, i);
+      return std::fabs(got - w) <= 1e-2 * std::max(1.0, std::fabs(w));
+    };
+    int64_t wrong = 0;
+    auto reduced = [&](size_t i) {
+      double acc = redop_.kind == ReduceKind::kProduct ? 1 : 0;
+      double mx = -1e300, mn = 1e300;
+      for (int r = 0; r < n; ++r) {
+        acc = redop_.kind == ReduceKind::kProduct ? acc * value(r, i) : acc + value(r, i);
+        mx = std::max(mx, value(r, i));
+        mn = std::min(mn, value(r, i));
+      }
+      switch (redop_.kind) {
+        case ReduceKind::kMax: return mx;
+        case ReduceKind::kMin: return mn;
+        case ReduceKind::kAvg: return acc / n;
+        case ReduceKind::kPremulSum: return acc * redop_.scalar;
+        default: return acc;
+      }
+    };
+    switch (op_.type) {
+      case OpType::kAllReduce:
+        for (size_t i = 0; i < count; ++i) wrong += !same(out, i, reduced(i));
+        break;
+      case OpType::kReduce:
+        if (rank == 0)
+          for (size_t i = 0; i < count; ++i) wrong += !same(out, i, reduced(i));
+        break;
+      case OpType::kBroadcast:
+        for (size_t i = 0; i < count; ++i) wrong += !same(in_.data(), i, value(0, i));
+        break;
+      case OpType::kAllGather:
+        for (size_t j = 0; j < count * n; ++j) {
+          const int r = int(j / count);
+          // In place, each rank's input is its own slice of the filled buffer.
+          wrong += !same(in_place ? in_.data() : out_.data(), j, in_place ? value(r, j) : value(r, j % count));
+        }
+        break;
+      case OpType::kReduceScatter:
+        for (size_t i = 0; i < count; ++i) {
+          const uint8_t* buf = in_place ? in_.data() + rank * count * element_size(dtype_) : out_.data();
+          wrong += !same(buf, i, reduced(rank * count + i));
+        }
+        break;
+      case OpType::kAllToAll:
+        for (size_t j = 0; j < count * n; ++j) wrong += !same(out, j, value(int(j / count), rank * count + j % count));
+        break;
+      case OpType::kSend:
+        for (size_t i = 0; i < count; ++i) wrong += !same(out, i, value(peer, i));
+        break;
+      default:
+        break;  // gather/scatter/barrier: timing only
+    }
+    return wrong;
+  }
+
+  std::shared_ptr<Comm> comm_;
+  const OpInfo& op_;
+  DataType dtype_;
+  ReduceOp redop_;
+  int iters_, warmup_;
+  bool check_;
+  gloo_backend::RawGloo* raw_;
+  std::vector<uint8_t> in_, out_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"comms-bench: nccl-tests-style benchmarks of comms (run under commsrun)"};
+  std::string op_name = "all_reduce", min_size = "4K", max_size = "4K", dtype_name = "float32", redop_name = "sum";
+  std::string backend, json_path;
+  double factor = 2;
+  int iters = 20, warmup = 5, check = 0;
+  bool inplace = false, outofplace = false, raw_gloo = false;
+  std::vector<std::string> op_names;
+  for (const auto& o : kOps) op_names.emplace_back(o.name);
+  app.add_option("-o,--op", op_name, "operation")->check(CLI::IsMember(op_names));
+  app.add_option("-b,--minbytes", min_size, "smallest size (K, M, G suffixes)");
+  app.add_option("-e,--maxbytes", max_size, "largest size");
+  app.add_option("-f,--stepfactor", factor, "size multiplier between rows")->check(CLI::Range(1.01, 1e9));
+  app.add_option("-d,--datatype", dtype_name, "data type");
+  app.add_option("-r,--redop", redop_name, "reduce op");
+  app.add_option("-n,--iters", iters, "timed iterations")->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup", warmup, "warm-up iterations")->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--check", check, "1: check results and report #wrong");
+  app.add_flag("--inplace", inplace, "only in-place");
+  app.add_flag("--outofplace", outofplace, "only out-of-place (default: both)");
+  app.add_option("--backend", backend, "backend string (default COMMS_BACKEND, else the default map)");
+  app.add_option("--json", json_path, "write the results as JSON");
+  app.add_flag("--raw-gloo", raw_gloo, "time the Gloo backend's algorithm called directly, without libcomms");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const auto* op = std::find_if(std::begin(kOps), std::end(kOps), [&](const OpInfo& o) { return op_name == o.name; });
+    const DataType dtype = parse_data_type(dtype_name);
+    const ReduceOp redop = parse_reduce_op(redop_name);
+    auto comm = new_comm(backend, Device::cpu(), "bench");
+    std::unique_ptr<gloo_backend::RawGloo> raw;
+    if (raw_gloo) {
+      const auto& cfg = comm->impl().config();
+      raw = std::make_unique<gloo_backend::RawGloo>(*make_prefix_store("raw-gloo", cfg.store), comm->rank(),
+                                                    comm->size(), cfg.local_size, comm->op_timeout());
+    }
+    // Rank 0's iteration counts rule, so every rank runs the same loop.
+    int32_t plan[2] = {iters, warmup};
+    comm->broadcast(BufferView::of(plan, 2), 0);
+    Bench bench(comm, *op, dtype, redop, plan[0], plan[1], check == 1, raw.get());
+    std::vector<bool> placements;
+    if (!outofplace || inplace) placements.push_back(true);
+    if (!inplace || outofplace) placements.push_back(false);
+    if (op->type == OpType::kBarrier || op->type == OpType::kSend || raw) placements = {false};
+
+    const size_t lo = parse_size(min_size), hi = std::max(lo, parse_size(max_size));
+    std::vector<Row> rows;
+    if (comm->rank() == 0) {
+      std::printf("# comms-bench %s, %d ranks, backend %s%s, %d iterations (%d warm-up)\n", op->name, comm->size(),
+                  comm->backend_string().c_str(), raw ? " (raw Gloo: the backend's algorithm without libcomms)" : "",
+                  plan[0], plan[1]);
+      std::printf("#%12s %12s %9s %8s %13s %10s %10s %10s %10s %10s %7s  %s\n", "size(B)", "count", "type", "redop",
+                  "placement", "time(us)", "p50(us)", "p99(us)", "algbw", "busbw", "#wrong", "algorithm");
+    }
+    for (size_t bytes = lo; bytes <= hi;) {
+      for (bool in_place : placements) {
+        Row r = bench.run(bytes, in_place);
+        if (comm->rank() == 0) {
+          std::printf(" %12zu %12zu %9s %8s %13s %10.2f %10.2f %10.2f %10.3f %10.3f %7lld  %s\n", r.bytes, r.count,
+                      r.dtype.c_str(), r.redop.c_str(), r.placement.c_str(), r.mean_us, r.p50_us, r.p99_us, r.algbw,
+                      r.busbw, static_cast<long long>(r.wrong), r.algorithm.c_str());
+          std::fflush(stdout);
+        }
+        rows.push_back(std::move(r));
+      }
+      if (op->type == OpType::kBarrier) break;
+      const size_t next = static_cast<size_t>(std::ceil(double(bytes) * factor));
+      if (next <= bytes) break;
+      bytes = next;
+    }
+    int64_t total_wrong = 0;
+    for (const auto& r : rows) total_wrong += r.wrong;
+    if (comm->rank() == 0) {
+      std::printf("# %s wrong results\n", total_wrong ? "SOME" : "no");
+      if (!json_path.empty()) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const auto& r : rows) {
+          out.push_back({{"op", r.op}, {"bytes", r.bytes}, {"count", r.count}, {"dtype", r.dtype}, {"redop", r.redop},
+                         {"placement", r.placement}, {"time_us", r.mean_us}, {"p50_us", r.p50_us},
+                         {"p99_us", r.p99_us}, {"algbw_gbps", r.algbw}, {"busbw_gbps", r.busbw}, {"wrong", r.wrong},
+                         {"ranks", comm->size()}, {"raw_gloo", r.raw}, {"algorithm", r.algorithm}});
+        }
+        std::ofstream(json_path) << out.dump(2) << "\n";
+      }
+    }
+    raw.reset();
+    comm->finalize();
+    return total_wrong ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "comms-bench: %s\n", e.what());
+    return 1;
+  }
+}
