@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "dist_state.h"
+#include "env.h"
 #include "harness.h"
 #include "plugin_registry.h"
 
@@ -314,6 +316,35 @@ std::string cuda_unavailable(const std::string& backend) {
   return "no CUDA device buffers: comms-conformance was built without CUDA";
 }
 
+// The shape's groups through comms::dist: new_group for each list (every
+// rank calls it for every list, c10d style), so COMMS_ROUTE picks direct
+// bootstraps or splits of the world. Two levels: a reversed world first,
+// then split_group of it (global ranks).
+std::shared_ptr<Comm> dist_groups(const Shape& shape, int size) {
+  auto member_of = [](const std::vector<dist::Group>& made) {
+    for (const auto& g : made) {
+      if (g) return g.state()->comm;
+    }
+    return std::shared_ptr<Comm>();
+  };
+  if (!shape.two_levels) {
+    std::vector<dist::Group> made;
+    for (const auto& list : shape.groups) made.push_back(dist::new_group(list));
+    return member_of(made);
+  }
+  auto reversed = iota_ranks(0, size);
+  std::reverse(reversed.begin(), reversed.end());
+  dist::Group parent = dist::new_group(reversed);
+  // shape.groups are ranks of the reversed parent; split_group takes global ranks.
+  std::vector<std::vector<int>> global;
+  for (const auto& list : shape.groups) {
+    global.emplace_back();
+    for (int r : list) global.back().push_back(reversed[static_cast<size_t>(r)]);
+  }
+  dist::Group mine = dist::split_group(parent, global);
+  return mine ? mine.state()->comm : nullptr;
+}
+
 int run_suite(SuiteOptions options) {
   const BootstrapInfo boot = bootstrap_from_environment();
   const int rank = boot.rank, size = boot.world_size;
@@ -324,16 +355,31 @@ int run_suite(SuiteOptions options) {
   if (options.device.type == DeviceType::kCuda) {
     cuda_skip = cuda_unavailable(options.backend);
   } else {
-    CommOptions co;
-    co.op_timeout = options.op_timeout;
-    world = new_comm(options.backend, Device::cpu(), "conformance-world", co);
+    if (env::get("COMMS_ROUTE")) {
+      // Under COMMS_ROUTE the groups come from comms::dist, so the route
+      // decides how each one is made (a fresh rendezvous, or Comm::split).
+      dist::InitOptions init;
+      init.backend = options.backend;
+      init.device = Device::cpu();
+      init.timeout = options.op_timeout;
+      world = dist::init_process_group(init).state()->comm;
+    } else {
+      CommOptions co;
+      co.op_timeout = options.op_timeout;
+      world = new_comm(options.backend, Device::cpu(), "conformance-world", co);
+    }
     options.backend = world->backend_string();
     caps.probe(*world);
   }
+  const bool via_dist = dist::is_initialized();
   if (rank == 0) {
-    std::printf("comms-conformance: backend %s, device %s, world size %d%s\n",
+    std::printf("comms-conformance: backend %s, device %s, world size %d%s%s\n",
                 options.backend.empty() ? "(default)" : options.backend.c_str(), options.device.to_string().c_str(),
-                size, options.quick ? ", quick" : "");
+                size, options.quick ? ", quick" : "",
+                via_dist ? (std::string(", groups by comms::dist, route ") +
+                            std::string(dist::to_string(dist::route_from_environment())))
+                               .c_str()
+                         : "");
     std::fflush(stdout);
   }
 
@@ -361,6 +407,8 @@ int run_suite(SuiteOptions options) {
     try {
       if (shape.name == "world") {
         comm = world;
+      } else if (via_dist) {
+        comm = dist_groups(shape, size);
       } else if (shape.two_levels) {
         auto reversed = iota_ranks(0, size);
         std::reverse(reversed.begin(), reversed.end());
