@@ -60,3 +60,65 @@ TEST(TypedOptions, UnsetFieldsAddNothing) {
 
 }  // namespace
 }  // namespace comms::dist
+
+#include <nlohmann/json.hpp>
+
+#include "comm_impl.h"
+#include "plugin_registry.h"
+
+namespace comms::dist {
+namespace {
+
+const internal::LoadedPlugin* nccl_plugin() {
+  try {
+    return &internal::PluginRegistry::instance().get("nccl");
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
+TEST(TypedOptions, TheSplitRouteHintsGiveTheNcclConfigTheTypedOptionsAskFor) {
+  const auto* nccl = nccl_plugin();
+  if (!nccl) GTEST_SKIP() << "the nccl plugin is not built here";
+  BackendOptions o;
+  o.nccl.is_high_priority_stream = true;
+  o.nccl.cga_cluster_size = 4;
+  o.nccl.min_ctas = 2;
+  o.nccl.max_ctas = 16;
+  o.nccl.net_name = "IB";
+  auto routed = internal::route_hints(to_hints(o), BackendSpec::parse("cpu:gloo,cuda:nccl"), "t");
+  std::string text;
+  Status s = nccl->descriptor->explain_hints(routed[static_cast<size_t>(DeviceType::kCuda)], &text);
+  ASSERT_TRUE(s.is_ok()) << s.message;
+  auto j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["high_priority_stream"], true);
+  EXPECT_EQ(j["nccl_config"]["cga_cluster_size"], 4);
+  EXPECT_EQ(j["nccl_config"]["min_ctas"], 2);
+  EXPECT_EQ(j["nccl_config"]["max_ctas"], 16);
+  EXPECT_EQ(j["nccl_config"]["net_name"], "IB");
+  EXPECT_TRUE(j["nccl_config"]["split_share"].is_null()) << "an unset option must stay NCCL's default";
+}
+
+TEST(SplitRoute, ACpuGlooSubgroupOfACpuGlooCudaNcclParentWorks) {
+  if (!nccl_plugin()) GTEST_SKIP() << "the nccl plugin is not built here";
+  setenv("COMMS_ROUTE", "split", 1);
+  InitOptions init;
+  init.backend = "cpu:gloo,cuda:nccl";
+  init.device = Device::cpu();  // the cuda half stays lazy: no GPU needed to create the group
+  init.rank = 0;
+  init.world_size = 1;
+  Group w = init_process_group(init);
+  GroupOptions cpu_only;
+  cpu_only.backend = "cpu:gloo";
+  Group g = new_group(std::vector<int>{0}, cpu_only);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g.route(), Route::kSplit);
+  int32_t v = 7;
+  g->all_reduce(BufferView::of(&v, 1), ReduceOp::sum());
+  EXPECT_EQ(v, 7);
+  destroy_process_group();
+  unsetenv("COMMS_ROUTE");
+}
+
+}  // namespace
+}  // namespace comms::dist
