@@ -41,13 +41,6 @@ std::string normalized(std::string_view text) {
 
 }  // namespace
 
-std::string_view to_string(DataType t) {
-  for (const auto& n : kTypeNames) {
-    if (n.type == t) return n.name;
-  }
-  return "unknown";
-}
-
 DataType parse_data_type(std::string_view text) {
   const std::string t = normalized(text);
   for (const auto& n : kTypeNames) {
@@ -59,21 +52,6 @@ DataType parse_data_type(std::string_view text) {
   }
   throw Error(ErrorCode::kInvalidArgument,
               str::cat("unknown data type '", text, "'; expected one of ", names));
-}
-
-std::string_view to_string(ReduceKind k) {
-  switch (k) {
-    case ReduceKind::kSum: return "sum";
-    case ReduceKind::kProduct: return "product";
-    case ReduceKind::kMin: return "min";
-    case ReduceKind::kMax: return "max";
-    case ReduceKind::kAvg: return "avg";
-    case ReduceKind::kBand: return "band";
-    case ReduceKind::kBor: return "bor";
-    case ReduceKind::kBxor: return "bxor";
-    case ReduceKind::kPremulSum: return "premul_sum";
-  }
-  return "unknown";
 }
 
 std::string to_string(const ReduceOp& op) {

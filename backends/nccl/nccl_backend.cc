@@ -58,40 +58,6 @@ std::string ms_text(milliseconds ms) { return std::to_string(ms.count()) + " ms"
 
 }  // namespace
 
-std::string_view dtype_name(DataType t) {
-  switch (t) {
-    case DataType::kInt8: return "int8";
-    case DataType::kUint8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kUint32: return "uint32";
-    case DataType::kInt64: return "int64";
-    case DataType::kUint64: return "uint64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBfloat16: return "bfloat16";
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kFloat8E4M3: return "float8_e4m3";
-    case DataType::kFloat8E5M2: return "float8_e5m2";
-    case DataType::kBool: return "bool";
-  }
-  return "unknown";
-}
-
-std::string_view reduce_name(ReduceKind k) {
-  switch (k) {
-    case ReduceKind::kSum: return "sum";
-    case ReduceKind::kProduct: return "product";
-    case ReduceKind::kMin: return "min";
-    case ReduceKind::kMax: return "max";
-    case ReduceKind::kAvg: return "avg";
-    case ReduceKind::kBand: return "band";
-    case ReduceKind::kBor: return "bor";
-    case ReduceKind::kBxor: return "bxor";
-    case ReduceKind::kPremulSum: return "premul_sum";
-  }
-  return "unknown";
-}
-
 ncclDataType_t copy_dtype(DataType t) {
   // Data movement is type-agnostic; uint8 keeps fp8 and bool working on
   // every architecture and NCCL version.
@@ -104,8 +70,8 @@ ncclDataType_t copy_dtype(DataType t) {
 ReductionPlan plan_reduction(DataType dtype, ReduceKind kind, int cc_major, int cc_minor) {
   ReductionPlan plan;
   auto reject = [&](std::string why) {
-    plan.reason = "nccl cannot reduce " + std::string(dtype_name(dtype)) + " with " +
-                  std::string(reduce_name(kind)) + ": " + std::move(why);
+    plan.reason = "nccl cannot reduce " + std::string(to_string(dtype)) + " with " +
+                  std::string(to_string(kind)) + ": " + std::move(why);
     return plan;
   };
   if (!reduction_defined(dtype, kind)) return reject("the reduction is not defined for this type");

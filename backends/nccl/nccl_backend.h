@@ -30,8 +30,6 @@ struct ReductionPlan {
 ReductionPlan plan_reduction(DataType dtype, ReduceKind kind, int cc_major, int cc_minor);
 // The element type used for ops that only move data (fp8 and bool as uint8).
 ncclDataType_t copy_dtype(DataType dtype);
-std::string_view dtype_name(DataType dtype);
-std::string_view reduce_name(ReduceKind kind);
 
 // Encodes `value` as one element of `dtype` into `out` (8 bytes), for
 // ncclRedOpCreatePreMulSum's host-resident scalar.

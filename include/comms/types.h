@@ -69,8 +69,26 @@ constexpr bool is_integral(DataType t) {
   return !is_floating_point(t) && t != DataType::kBool;
 }
 
-// "int8", "bfloat16", "float8_e4m3", "bool", ...
-std::string_view to_string(DataType t);
+// "int8", "bfloat16", "float8_e4m3", "bool", ... (inline: plugins use it
+// without linking libcomms).
+constexpr std::string_view to_string(DataType t) {
+  switch (t) {
+    case DataType::kInt8: return "int8";
+    case DataType::kUint8: return "uint8";
+    case DataType::kInt32: return "int32";
+    case DataType::kUint32: return "uint32";
+    case DataType::kInt64: return "int64";
+    case DataType::kUint64: return "uint64";
+    case DataType::kFloat16: return "float16";
+    case DataType::kBfloat16: return "bfloat16";
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat64: return "float64";
+    case DataType::kFloat8E4M3: return "float8_e4m3";
+    case DataType::kFloat8E5M2: return "float8_e5m2";
+    case DataType::kBool: return "bool";
+  }
+  return "unknown";
+}
 // Accepts the names above plus the common aliases (float, double, half, bf16,
 // int, long, fp8_e4m3, ...). Throws comms::Error(kInvalidArgument) naming the
 // accepted names.
@@ -113,7 +131,20 @@ struct ReduceOp {
   }
 };
 
-std::string_view to_string(ReduceKind k);
+constexpr std::string_view to_string(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::kSum: return "sum";
+    case ReduceKind::kProduct: return "product";
+    case ReduceKind::kMin: return "min";
+    case ReduceKind::kMax: return "max";
+    case ReduceKind::kAvg: return "avg";
+    case ReduceKind::kBand: return "band";
+    case ReduceKind::kBor: return "bor";
+    case ReduceKind::kBxor: return "bxor";
+    case ReduceKind::kPremulSum: return "premul_sum";
+  }
+  return "unknown";
+}
 // "sum", "prod"/"product", "min", "max", "avg", "band", "bor", "bxor",
 // "premul_sum:<factor>". Throws comms::Error(kInvalidArgument).
 ReduceOp parse_reduce_op(std::string_view text);
