@@ -325,7 +325,9 @@ class GlooBackend : public plugin::Backend {
   std::condition_variable q_cv_;
   std::condition_variable idle_cv_;
   std::deque<std::pair<OwnedOp, std::shared_ptr<Completion>>> queue_;
-  int pending_ = 0;  // queued + running
+  // Queued + running async ops. Only the submitting thread increments it, so
+  // a sync op that reads 0 knows nothing is outstanding and skips the lock.
+  std::atomic<int> pending_{0};
   bool stop_ = false;
   std::thread worker_;
   bool finalized_ = false;
@@ -529,9 +531,9 @@ Status GlooBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Wor
   if (broken_) return broken_status();
   if (!op.async) {
     // Ops run in order: wait until the worker drained the async ones.
-    {
+    if (pending_.load(std::memory_order_acquire) != 0) {
       std::unique_lock<std::mutex> lock(q_mu_);
-      idle_cv_.wait(lock, [&] { return pending_ == 0; });
+      idle_cv_.wait(lock, [&] { return pending_.load() == 0; });
     }
     return execute(op);
   }
@@ -892,7 +894,7 @@ Status GlooBackend::finalize() {
   finalized_ = true;
   {
     std::unique_lock<std::mutex> lock(q_mu_);
-    idle_cv_.wait(lock, [&] { return pending_ == 0; });
+    idle_cv_.wait(lock, [&] { return pending_.load() == 0; });
     stop_ = true;
   }
   q_cv_.notify_all();
