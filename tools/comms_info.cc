@@ -112,6 +112,31 @@ void print_text(const json& info) {
   }
 }
 
+// Every group's rank lists, as initialize_model_parallel would create them.
+nlohmann::ordered_json parallel_json(const std::string& text) {
+  const dist::ParallelFlags flags = dist::parse_parallel_flags(text);
+  if (!flags.world) throw Error(ErrorCode::kInvalidArgument, "--parallel needs world=N");
+  const dist::ParallelPlan plan = dist::plan_model_parallel(flags.config, *flags.world);
+  if (flags.dp && *flags.dp != plan.dp) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("dp=", *flags.dp, " but world ", *flags.world, " / (tp*pp*cp) gives dp=", plan.dp));
+  }
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const char* name : {"tp", "pp", "dp", "cp", "dp_cp", "mp", "tp_cp", "tp_dp", "tp_dp_cp", "ep", "expt_tp",
+                           "tp_ep", "tp_ep_pp", "expt_dp", "embd", "pos_embd"}) {
+    out[name] = plan.find(name)->rank_lists;
+  }
+  return out;
+}
+
+std::string parallel_text_table(const std::string& text) {
+  const auto j = parallel_json(text);
+  std::string out;
+  for (auto& [name, lists] : j.items()) str::append(out, name, ": ", lists.dump(), "\n");
+  if (!out.empty()) out.pop_back();
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,10 +147,27 @@ int main(int argc, char** argv) {
   auto* backend_opt = app.add_option("--backend", backend, "backend string to parse, e.g. cpu:gloo,cuda:nccl");
   auto* hints_opt = app.add_option("--hints", hints_text,
                                    "k=v,... hints: print the configuration they give (dry run)");
+  std::string parallel_text;
+  auto* parallel_opt = app.add_option(
+      "--parallel", parallel_text,
+      "world=N,tp=..,pp=..,cp=..,ep=..,etp=..,order=..,rank_offset=..: print the rank lists of every "
+      "model-parallel group (Megatron's ordering), creating no communicator");
   app.add_flag("--json", as_json, "print one JSON object");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (*parallel_opt) {
+      if (as_json) {
+        // One group per line: rank lists read better unbroken.
+        const auto j = parallel_json(parallel_text);
+        std::string out = "{";
+        for (auto& [name, lists] : j.items()) str::append(out, out.size() > 1 ? ",\n  " : "\n  ", json(name).dump(), ": ", lists.dump());
+        std::cout << out << "\n}\n";
+      } else {
+        std::cout << parallel_text_table(parallel_text) << "\n";
+      }
+      return 0;
+    }
     if (*hints_opt) {
       const BackendSpec spec = BackendSpec::parse(backend);
       json out = explain_hints(spec, parse_hints(hints_text));

@@ -6,6 +6,9 @@
 // the parameters start from rank 0's by broadcast. So the loss curve, and the
 // final_loss line, agree across world sizes up to floating-point rounding.
 //
+// With --parallel tp=2,dp=2 (or any Megatron layout) it builds a
+// model-parallel collection and averages over its dp group instead.
+//
 // The backend comes from COMMS_BACKEND (default: Gloo on CPU) and the route
 // that creates groups from COMMS_ROUTE (direct or split), so switching either
 // needs no code change.
@@ -15,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -126,6 +130,13 @@ int main(int argc, char** argv) {
   app.add_option("--offload-every", offload_every,
                  "every K steps, offload and reload the groups' communicators (as an RL loop does "
                  "between phases): the device backends, or cpu on a CPU-only run");
+  std::string parallel_text;
+  std::string comm_config_path;
+  app.add_option("--parallel", parallel_text,
+                 "tp=..,pp=..,cp=..,ep=..,etp=..,dp=..,order=..: build a model-parallel collection and average "
+                 "gradients over its dp group (tp/pp/cp peers hold replicas of this tiny model)");
+  app.add_option("--nccl-communicator-config-path", comm_config_path,
+                 "per-group communicator options, Megatron's YAML layout (with --parallel)");
   CLI11_PARSE(app, argc, argv);
 
   struct sigaction sa = {};
@@ -142,21 +153,60 @@ int main(int argc, char** argv) {
     comms::dist::Group world = comms::dist::init_process_group(init);
     const int rank = world.rank();
     const int size = world.size();
-    std::vector<int> everyone(static_cast<size_t>(size));
-    for (int r = 0; r < size; ++r) everyone[static_cast<size_t>(r)] = r;
-    comms::dist::GroupOptions dp_options;
-    dp_options.description = "data-parallel gradient averaging";
-    comms::dist::Group grads = comms::dist::new_group(everyone, dp_options);
-    if (global_batch % size != 0) {
-      std::fprintf(stderr, "trainer: the global batch %d does not split evenly over %d ranks\n",
-                   global_batch, size);
+    // Gradients are averaged over the data-parallel group: the whole world,
+    // or the dp group of a model-parallel collection. Each dp rank takes its
+    // slice of the global batch, so the loss matches the pure data-parallel
+    // run with as many ranks as dp.
+    comms::dist::Group grads;
+    std::optional<comms::dist::ProcessGroupCollection> collection;
+    std::string layout = "data parallel";
+    if (!parallel_text.empty()) {
+      const comms::dist::ParallelFlags flags = comms::dist::parse_parallel_flags(parallel_text);
+      if (flags.world && *flags.world != size) {
+        throw comms::Error(comms::ErrorCode::kInvalidArgument,
+                           "--parallel world=" + std::to_string(*flags.world) + " but the job has " +
+                               std::to_string(size) + " ranks");
+      }
+      if (flags.config.rank_offset != 0) {
+        throw comms::Error(comms::ErrorCode::kInvalidArgument,
+                           "--parallel rank_offset must be 0 here: every rank of the job trains");
+      }
+      comms::dist::ParallelConfig config = flags.config;
+      config.name = "trainer";
+      if (!comm_config_path.empty()) config.group_options = comms::dist::load_communicator_config(comm_config_path);
+      const int derived_dp = comms::dist::plan_model_parallel(config, size).dp;
+      if (flags.dp && *flags.dp != derived_dp) {
+        throw comms::Error(comms::ErrorCode::kInvalidArgument,
+                           "--parallel dp=" + std::to_string(*flags.dp) + " but " + std::to_string(size) +
+                               " ranks / (tp*pp*cp) give dp=" + std::to_string(derived_dp));
+      }
+      collection = comms::dist::initialize_model_parallel(config);
+      grads = collection->dp();
+      layout = "tp=" + std::to_string(config.tp) + " pp=" + std::to_string(config.pp) + " cp=" +
+               std::to_string(config.cp) + " dp=" + std::to_string(collection->plan().dp) + " order " + config.order;
+    } else {
+      if (!comm_config_path.empty()) {
+        std::fprintf(stderr, "trainer: --nccl-communicator-config-path needs --parallel\n");
+        return 2;
+      }
+      std::vector<int> everyone(static_cast<size_t>(size));
+      for (int r = 0; r < size; ++r) everyone[static_cast<size_t>(r)] = r;
+      comms::dist::GroupOptions dp_options;
+      dp_options.description = "data-parallel gradient averaging";
+      grads = comms::dist::new_group(everyone, dp_options);
+    }
+    const int dp_rank = grads.rank();
+    const int dp_size = grads.size();
+    if (global_batch % dp_size != 0) {
+      std::fprintf(stderr, "trainer: the global batch %d does not split evenly over %d data-parallel ranks\n",
+                   global_batch, dp_size);
       return 2;
     }
-    const int local_batch = global_batch / size;
+    const int local_batch = global_batch / dp_size;
     if (rank == 0) {
-      std::printf("trainer: %d ranks, backend %s, route %s, model %s, global batch %d\n", size,
-                  world.backend().c_str(), std::string(comms::dist::to_string(grads.route())).c_str(),
-                  model_kind.c_str(), global_batch);
+      std::printf("trainer: %d ranks (%s), backend %s, route %s, model %s, global batch %d\n", size,
+                  layout.c_str(), world.backend().c_str(),
+                  std::string(comms::dist::to_string(grads.route())).c_str(), model_kind.c_str(), global_batch);
     }
 
     Model model(model_kind == "mlp");
@@ -170,7 +220,7 @@ int main(int argc, char** argv) {
       double local_loss = 0;
       const float weight = 1.0f / static_cast<float>(local_batch);
       for (int i = 0; i < local_batch; ++i) {
-        const uint64_t index = uint64_t(step) * global_batch + uint64_t(rank) * local_batch + i;
+        const uint64_t index = uint64_t(step) * global_batch + uint64_t(dp_rank) * local_batch + i;
         local_loss += model.accumulate(sample(index), grad, weight);
       }
       local_loss /= local_batch;

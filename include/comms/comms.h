@@ -6,6 +6,7 @@
 #include "comms/comm.h"
 #include "comms/dist.h"
 #include "comms/lifecycle.h"
+#include "comms/parallel.h"
 #include "comms/error.h"
 #include "comms/options.h"
 #include "comms/store.h"

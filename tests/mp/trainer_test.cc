@@ -42,6 +42,27 @@ TEST(Trainer, FinalLossAgreesAcrossWorldSizesAndBackendSpellings) {
   EXPECT_LT(four, 0.05) << "the model did not learn";
 }
 
+TEST(Trainer, ModelParallelLayoutsKeepTheFinalLossOfThePureDataParallelRun) {
+  // Averaging over the collection's dp group with each dp rank on its slice
+  // of the global batch: the same sums as dp ranks alone.
+  const double dp2 = train(2, "cpu:gloo");
+  EXPECT_EQ(train(4, "cpu:gloo", {"--parallel", "tp=2,dp=2"}), dp2);
+  EXPECT_EQ(train(4, "cpu:gloo", {"--parallel", "pp=2,order=tp-pp-dp", "--offload-every", "20"}), dp2);
+  EXPECT_EQ(train(8, "cpu:gloo", {"--parallel", "tp=2,pp=2,dp=2"}), dp2);
+  const double dp4 = train(4, "cpu:gloo");
+  EXPECT_EQ(train(8, "cpu:gloo", {"--parallel", "tp=2,ep=2,etp=1"}), dp4);
+}
+
+TEST(Trainer, AParallelLayoutThatDoesNotFitTheJobFailsSayingWhy) {
+  auto p = run({COMMSRUN, "-n", "4", "--", TRAINER, "--steps", "5", "--parallel", "tp=2,dp=4"},
+               {{"COMMS_BACKEND", "cpu:gloo"}}, 30s);
+  EXPECT_NE(p.exit_code(), 0);
+  EXPECT_NE(p.output.find("--parallel dp=4 but 4 ranks / (tp*pp*cp) give dp=2"), std::string::npos) << p.output;
+  p = run({COMMSRUN, "-n", "4", "--", TRAINER, "--steps", "5", "--parallel", "tp=3"}, {{"COMMS_BACKEND", "cpu:gloo"}}, 30s);
+  EXPECT_NE(p.exit_code(), 0);
+  EXPECT_NE(p.output.find("not divisible by tp*pp*cp"), std::string::npos) << p.output;
+}
+
 TEST(Trainer, AnUnknownBackendFailsFastNamingItAndTheAvailableOnes) {
   auto p = run({COMMSRUN, "-n", "2", "--", TRAINER, "--steps", "5"}, {{"COMMS_BACKEND", "cpu:nope"}}, 30s);
   EXPECT_NE(p.exit_code(), 0);

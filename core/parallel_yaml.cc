@@ -1,0 +1,113 @@
+// Megatron's --nccl-communicator-config-path files, read with yaml-cpp.
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "comms/parallel.h"
+#include "strutil.h"
+
+namespace comms::dist {
+namespace {
+
+[[noreturn]] void invalid(const std::string& where, const std::string& why) {
+  throw Error(ErrorCode::kInvalidArgument, str::cat("communicator config", where, ": ", why));
+}
+
+std::string at(const YAML::Node& n) {
+  const auto m = n.Mark();
+  return m.is_null() ? std::string() : str::cat(" (line ", m.line + 1, ")");
+}
+
+template <typename T>
+T scalar(const YAML::Node& n, const std::string& where, const char* type) {
+  if (!n.IsScalar()) invalid(where + at(n), str::cat("expected ", type));
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    invalid(where + at(n), str::cat("'", n.Scalar(), "' is not ", type));
+  }
+}
+
+GlooOptions parse_gloo(const YAML::Node& node, const std::string& where) {
+  if (!node.IsMap()) invalid(where + at(node), "expected a map of interface, hostname, busy_poll");
+  GlooOptions g;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const std::string here = str::cat(where, ".", key);
+    if (key == "interface") g.interface = scalar<std::string>(kv.second, here, "a string");
+    else if (key == "hostname") g.hostname = scalar<std::string>(kv.second, here, "a string");
+    else if (key == "busy_poll") g.busy_poll = scalar<bool>(kv.second, here, "a boolean");
+    else invalid(here + at(kv.first), "unknown key; gloo keys are interface, hostname, busy_poll");
+  }
+  return g;
+}
+
+BackendOptions parse_group(const YAML::Node& node, const std::string& group) {
+  const std::string where = str::cat(" '", group, "'");
+  if (node.IsNull()) return {};
+  if (!node.IsMap()) invalid(where + at(node), "expected a map of communicator options");
+  BackendOptions o;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const std::string here = str::cat(" '", group, ".", key, "'");
+    if (key == "cga_cluster_size") o.nccl.cga_cluster_size = scalar<int>(kv.second, here, "an integer");
+    else if (key == "max_ctas") o.nccl.max_ctas = scalar<int>(kv.second, here, "an integer");
+    else if (key == "min_ctas") o.nccl.min_ctas = scalar<int>(kv.second, here, "an integer");
+    else if (key == "is_high_priority_stream") o.nccl.is_high_priority_stream = scalar<bool>(kv.second, here, "a boolean");
+    else if (key == "net_name") {
+      const std::string v = scalar<std::string>(kv.second, here, "a string");
+      // As Megatron: NCCL's network plugins are named IB and Socket.
+      if (str::lower(v) != "ib" && str::lower(v) != "socket") {
+        invalid(here + at(kv.second), str::cat("net_name '", v, "' is not supported; accepted: IB, Socket"));
+      }
+      o.nccl.net_name = v;
+    } else if (key == "gloo") {
+      o.gloo = parse_gloo(kv.second, here);
+    } else {
+      invalid(here + at(kv.first),
+              "unknown key; keys are cga_cluster_size, max_ctas, min_ctas, net_name, is_high_priority_stream, gloo");
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+std::map<std::string, BackendOptions> parse_communicator_config(std::string_view yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml_text));
+  } catch (const YAML::Exception& e) {
+    invalid("", str::cat("not valid YAML: ", e.what()));
+  }
+  std::map<std::string, BackendOptions> out;
+  if (root.IsNull()) return out;
+  if (!root.IsMap()) invalid(at(root), "expected a map from group name to options");
+  const auto& names = group_names();
+  for (const auto& kv : root) {
+    const std::string group = kv.first.as<std::string>();
+    const bool alias = group == "ep_tp" || group == "tp_ep_mp" || group == "ep_dp";
+    if (!alias && std::find(names.begin(), names.end(), group) == names.end()) {
+      invalid(str::cat(" '", group, "'", at(kv.first)),
+              str::cat("unknown group; groups are ", str::join(names, ", "), " (and Megatron's ep_tp, tp_ep_mp, ep_dp)"));
+    }
+    out[group] = parse_group(kv.second, group);
+  }
+  return out;
+}
+
+std::map<std::string, BackendOptions> load_communicator_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(ErrorCode::kNotFound, str::cat("communicator config '", path, "' cannot be read"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return parse_communicator_config(ss.str());
+  } catch (const Error& e) {
+    throw Error(e.code(), str::cat(path, ": ", e.what()));
+  }
+}
+
+}  // namespace comms::dist

@@ -1,0 +1,180 @@
+// comms::dist model-parallel groups: Megatron-LM's rank ordering and an
+// explicit collection of the groups built from it.
+//
+//   comms::dist::init_process_group({.device = comms::Device::cpu()});
+//   comms::dist::ParallelConfig cfg;
+//   cfg.tp = 2;
+//   cfg.pp = 2;                               // dp = world / (tp*pp*cp)
+//   cfg.create_all_gather_groups = true;
+//   auto pgs = comms::dist::initialize_model_parallel(cfg);
+//   pgs.dp()->all_reduce(grads, comms::ReduceOp::avg());
+//   pgs.get("dp_cp_ag")->all_gather(shard, full);   // overlaps a reduce_scatter on dp_cp
+//
+// Nothing here is global: several collections may coexist (each has its own
+// name prefix). Every group goes through new_group, so COMMS_ROUTE, typed
+// options and offload/reload (lifecycle.h) apply to them like to any group.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comms/dist.h"
+
+namespace comms::dist {
+
+using RankLists = std::vector<std::vector<int>>;
+
+// Megatron-LM's RankGenerator. The order string ("tp-cp-ep-dp-pp") lists the
+// axes, leftmost varying fastest; axes of size 1 that it leaves out are
+// appended; leaving out an axis larger than 1 is an error. ep and cp are never
+// both above 1 (Megatron keeps cp in the dense generator, ep in the expert one).
+class RankGenerator {
+ public:
+  // Throws kInvalidArgument naming the problem.
+  RankGenerator(int tp, int ep, int dp, int pp, int cp, std::string_view order = "tp-cp-ep-dp-pp",
+                int rank_offset = 0);
+
+  // Every group of the axes in `token` ("tp", "dp-cp", "tp-ep-pp", ...; any
+  // order of its axes gives the same groups), in Megatron's order, with
+  // rank_offset added to every rank.
+  RankLists get_ranks(std::string_view token) const;
+
+  int world_size() const { return world_size_; }
+  int rank_offset() const { return rank_offset_; }
+  // The normalised order, with the appended axes: "tp-cp-ep-dp-pp".
+  const std::string& order() const { return order_; }
+  int size_of(std::string_view axis) const;
+
+ private:
+  std::vector<std::string> axes_;  // in order
+  std::vector<int> sizes_;         // the size of each axis in axes_
+  std::string order_;
+  int world_size_ = 1;
+  int rank_offset_ = 0;
+};
+
+struct ParallelConfig {
+  int tp = 1;
+  int pp = 1;
+  int cp = 1;
+  int ep = 1;
+  std::optional<int> expert_tp;  // default: tp
+  std::string order = "tp-cp-ep-dp-pp";
+  // The collection covers global ranks [rank_offset, rank_offset + world_size).
+  int rank_offset = 0;
+  std::optional<int> world_size;  // default: the world's size minus rank_offset
+  std::optional<std::chrono::milliseconds> timeout;  // default: the world's
+  std::string backend;  // "" = the world's backends (as for new_group)
+  bool create_gloo_groups = false;        // dp_gloo, dp_cp_gloo, expt_dp_gloo
+  bool create_all_gather_groups = false;  // dp_cp_ag, expt_dp_ag
+  // Per-group options keyed by group name (see group_names()); Megatron's
+  // names ep_tp, tp_ep_mp, ep_dp are accepted for expt_tp, tp_ep_pp, expt_dp.
+  // dp_cp_ag and expt_dp_ag take dp_cp's and expt_dp's unless given their own.
+  std::map<std::string, BackendOptions> group_options;
+  // Groups whose NCCL communicators get a high-priority stream (adds
+  // is_high_priority_stream to their options).
+  std::vector<std::string> high_priority_groups;
+  // Prefix of every group name, unique per collection. "" = "mp<N>", N
+  // counting the collections this process created since init.
+  std::string name;
+};
+
+// The group names of a collection, in creation order.
+const std::vector<std::string>& group_names();
+
+// One planned group: what initialize_model_parallel creates, computed without
+// any communicator (comms-info --parallel prints it).
+struct PlannedGroup {
+  std::string name;  // "tp", "dp_cp_ag", ...
+  RankLists rank_lists;
+  std::string backend;  // "" = the world's
+  BackendOptions options;
+};
+
+struct ParallelPlan {
+  int world_size = 0;  // of the collection (not counting rank_offset)
+  int dp = 1;
+  int expert_tp = 1;
+  int expert_dp = 1;
+  std::vector<PlannedGroup> groups;  // in creation order
+  const PlannedGroup* find(std::string_view name) const;
+};
+
+// Validates `config` for a collection of `world_size` ranks and plans every
+// group. `world_backend` is the backend the groups inherit when
+// config.backend is empty; it decides whether NCCL options may be given (NCCL
+// options for a group without an nccl backend are an error, since a Gloo
+// communicator would reject them). Throws kInvalidArgument with the reason.
+ParallelPlan plan_model_parallel(const ParallelConfig& config, int world_size,
+                                 std::string_view world_backend = "");
+
+class ProcessGroupCollection {
+ public:
+  struct Entry {
+    Group group;           // this rank's group; empty if it is in none
+    RankLists rank_lists;  // every group of this kind
+    bool created = false;
+  };
+
+  // The group of this rank. Throws kInvalidArgument if the group was not
+  // created (an opt-in group not asked for) or this rank is not in it.
+  const Group& get(std::string_view name) const;
+  // Whether the group was created and this rank is in it.
+  bool has(std::string_view name) const;
+  const RankLists& rank_lists(std::string_view name) const;
+  const Entry& entry(std::string_view name) const;
+
+  const Group& tp() const { return get("tp"); }
+  const Group& pp() const { return get("pp"); }
+  const Group& cp() const { return get("cp"); }
+  const Group& dp() const { return get("dp"); }
+  const Group& dp_cp() const { return get("dp_cp"); }
+  const Group& mp() const { return get("mp"); }
+  const Group& ep() const { return get("ep"); }
+  const Group& expt_tp() const { return get("expt_tp"); }
+  const Group& expt_dp() const { return get("expt_dp"); }
+  const Group& dp_cp_ag() const { return get("dp_cp_ag"); }
+  const Group& expt_dp_ag() const { return get("expt_dp_ag"); }
+
+  const std::string& prefix() const { return prefix_; }
+  const ParallelConfig& config() const { return config_; }
+  const ParallelPlan& plan() const { return plan_; }
+
+ private:
+  friend ProcessGroupCollection initialize_model_parallel(const ParallelConfig&);
+  std::string prefix_;
+  ParallelConfig config_;
+  ParallelPlan plan_;
+  std::map<std::string, Entry, std::less<>> entries_;
+};
+
+// Collective over the world: every rank calls it with the same config. Each
+// group is created with new_group, named "<prefix>.<group>.<index>".
+ProcessGroupCollection initialize_model_parallel(const ParallelConfig& config);
+
+// Per-group communicator options in Megatron's --nccl-communicator-config-path
+// layout:
+//   dp_cp: {cga_cluster_size: 2, max_ctas: 16, min_ctas: 4, net_name: IB,
+//           is_high_priority_stream: true}
+//   tp:    {max_ctas: 8}
+//   dp_gloo: {gloo: {busy_poll: true}}      # comms' extension for Gloo groups
+// Unknown group names, unknown keys and mistyped values are errors naming
+// them. Megatron accepts only IB or Socket as net_name; so does this.
+std::map<std::string, BackendOptions> parse_communicator_config(std::string_view yaml_text);
+std::map<std::string, BackendOptions> load_communicator_config(const std::string& path);
+
+// "world=16,tp=2,pp=4,cp=1,ep=1,etp=1,dp=4,order=tp-pp-dp,rank_offset=0", as
+// comms-info --parallel and the example trainer take it. dp, if given, must
+// equal what the world gives (checked by the caller, which knows the world).
+struct ParallelFlags {
+  ParallelConfig config;
+  std::optional<int> world;
+  std::optional<int> dp;
+};
+ParallelFlags parse_parallel_flags(std::string_view text);
+
+}  // namespace comms::dist

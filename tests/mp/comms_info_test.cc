@@ -1,0 +1,49 @@
+// comms-info --parallel: Megatron's rank lists printed with no communicator,
+// and a layout that does not fit refused with the reason.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "subprocess.h"
+
+namespace {
+
+using comms::testing::run;
+using namespace std::chrono_literals;
+using Lists = std::vector<std::vector<int>>;
+
+TEST(CommsInfoParallel, Prints16GpuTp2Pp4ListsOfMegatronsDocstring) {
+  auto p = run({COMMS_INFO, "--parallel", "world=16,tp=2,pp=4", "--json"}, {}, 30s);
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  const auto j = nlohmann::json::parse(p.output);
+  EXPECT_EQ(j["tp"].get<Lists>(), (Lists{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(j["dp"].get<Lists>(), (Lists{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(j["pp"].get<Lists>(), (Lists{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
+  for (const char* name : {"tp", "pp", "dp", "cp", "dp_cp", "mp", "tp_cp", "tp_dp", "tp_dp_cp", "ep", "expt_tp",
+                           "tp_ep", "tp_ep_pp", "expt_dp"}) {
+    EXPECT_TRUE(j.contains(name)) << name;
+  }
+}
+
+TEST(CommsInfoParallel, HonoursOrderExpertSizesAndRankOffset) {
+  auto p = run({COMMS_INFO, "--parallel", "world=8,tp=2,ep=2,etp=1,order=tp-ep-dp-pp,rank_offset=8", "--json"}, {}, 30s);
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  const auto j = nlohmann::json::parse(p.output);
+  EXPECT_EQ(j["ep"].get<Lists>(), (Lists{{8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(j["expt_dp"].get<Lists>(), (Lists{{8, 10, 12, 14}, {9, 11, 13, 15}}));
+  EXPECT_EQ(j["dp"].get<Lists>(), (Lists{{8, 10, 12, 14}, {9, 11, 13, 15}}));
+}
+
+TEST(CommsInfoParallel, AnInvalidLayoutExitsNonZeroWithTheReason) {
+  auto p = run({COMMS_INFO, "--parallel", "world=10,tp=4", "--json"}, {}, 30s);
+  EXPECT_NE(p.exit_code(), 0);
+  EXPECT_NE(p.output.find("the world size 10 is not divisible by tp*pp*cp = 4*1*1 = 4"), std::string::npos) << p.output;
+  p = run({COMMS_INFO, "--parallel", "world=8,pp=2,order=tp-dp"}, {}, 30s);
+  EXPECT_NE(p.exit_code(), 0);
+  EXPECT_NE(p.output.find("pp is 2 but the order 'tp-dp' does not place it"), std::string::npos) << p.output;
+  p = run({COMMS_INFO, "--parallel", "tp=2"}, {}, 30s);
+  EXPECT_NE(p.exit_code(), 0);
+  EXPECT_NE(p.output.find("needs world=N"), std::string::npos) << p.output;
+}
+
+}  // namespace

@@ -1,0 +1,231 @@
+// The rank generator against Megatron-LM's documented examples, the plan of a
+// collection, and the communicator-config YAML.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "comms/parallel.h"
+
+namespace comms::dist {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return {};
+}
+
+#define EXPECT_ERROR_MENTIONS(expr, text)                                   \
+  do {                                                                       \
+    const std::string msg = error_of([&] { (void)(expr); });                 \
+    EXPECT_NE(msg.find(text), std::string::npos) << "error: " << msg;        \
+  } while (0)
+
+TEST(RankGenerator, Gives16GpuTp2Pp4GroupsOfMegatronsDocstring) {
+  // initialize_model_parallel's docstring: 16 GPUs, tp=2, pp=4, dp=2.
+  RankGenerator g(/*tp=*/2, /*ep=*/1, /*dp=*/2, /*pp=*/4, /*cp=*/1);
+  EXPECT_EQ(g.order(), "tp-cp-ep-dp-pp");
+  EXPECT_EQ(g.get_ranks("tp"), (RankLists{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(g.get_ranks("dp"), (RankLists{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(g.get_ranks("pp"), (RankLists{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
+}
+
+TEST(RankGenerator, GivesTheMaskedOrthogonalGroupsDocstringExample) {
+  // generate_masked_orthogonal_rank_groups' docstring: [tp, dp, pp] = [2, 3, 4].
+  RankGenerator g(2, 1, 3, 4, 1, "tp-dp-pp");
+  const RankLists dp = g.get_ranks("dp");
+  ASSERT_EQ(dp.size(), 8u);
+  EXPECT_EQ(dp[0], (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(dp[1], (std::vector<int>{1, 3, 5}));
+  EXPECT_EQ(dp[7], (std::vector<int>{19, 21, 23}));
+}
+
+TEST(RankGenerator, Gives8RankTp2Pp2Dp2Groups) {
+  RankGenerator g(2, 1, 2, 2, 1);
+  EXPECT_EQ(g.get_ranks("tp"), (RankLists{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(g.get_ranks("dp"), (RankLists{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(g.get_ranks("pp"), (RankLists{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(g.get_ranks("cp"), (RankLists{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  EXPECT_EQ(g.get_ranks("tp-pp"), (RankLists{{0, 1, 4, 5}, {2, 3, 6, 7}}));
+  EXPECT_EQ(g.get_ranks("tp-dp"), (RankLists{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(g.get_ranks("dp-cp"), g.get_ranks("dp"));
+  EXPECT_EQ(g.get_ranks("cp-dp"), g.get_ranks("dp-cp")) << "a token's axis order does not matter";
+}
+
+TEST(RankGenerator, TpPpDpAndTpDpPpOrdersSwapTheDataAndPipelineStrides) {
+  // The docstring's 8-GPU 'tp-pp-dp' example: dp groups [[0,4],[1,5],[2,6],[3,7]].
+  RankGenerator pp_inner(2, 1, 2, 2, 1, "tp-pp-dp");
+  EXPECT_EQ(pp_inner.get_ranks("dp"), (RankLists{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(pp_inner.get_ranks("pp"), (RankLists{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(pp_inner.get_ranks("tp"), (RankLists{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  RankGenerator dp_inner(2, 1, 2, 2, 1, "tp-dp-pp");
+  EXPECT_EQ(dp_inner.get_ranks("dp"), (RankLists{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(dp_inner.get_ranks("pp"), (RankLists{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(dp_inner.order(), "tp-dp-pp-ep-cp") << "size-1 axes left out are appended";
+}
+
+TEST(RankGenerator, ExpertShapesWithEpAboveOne) {
+  // world 8, expert tp 1, ep 2 -> expert dp 4.
+  RankGenerator e1(/*tp=*/1, /*ep=*/2, /*dp=*/4, /*pp=*/1, /*cp=*/1);
+  EXPECT_EQ(e1.get_ranks("ep"), (RankLists{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(e1.get_ranks("dp"), (RankLists{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(e1.get_ranks("tp").size(), 8u);
+  // world 8, expert tp 2, ep 2 -> expert dp 2.
+  RankGenerator e2(2, 2, 2, 1, 1);
+  EXPECT_EQ(e2.get_ranks("tp"), (RankLists{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(e2.get_ranks("ep"), (RankLists{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(e2.get_ranks("tp-ep"), (RankLists{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(e2.get_ranks("dp"), (RankLists{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  // world 16 with pp 2: tp-ep-pp spans a whole model replica.
+  RankGenerator e3(2, 2, 2, 2, 1);
+  EXPECT_EQ(e3.get_ranks("tp-ep-pp"), (RankLists{{0, 1, 2, 3, 8, 9, 10, 11}, {4, 5, 6, 7, 12, 13, 14, 15}}));
+}
+
+TEST(RankGenerator, AddsTheRankOffsetToEveryRank) {
+  RankGenerator g(2, 1, 2, 1, 1, "tp-dp", 4);
+  EXPECT_EQ(g.get_ranks("tp"), (RankLists{{4, 5}, {6, 7}}));
+  EXPECT_EQ(g.get_ranks("dp"), (RankLists{{4, 6}, {5, 7}}));
+  RankGenerator big(2, 1, 2, 4, 1, "tp-cp-ep-dp-pp", 16);
+  EXPECT_EQ(big.get_ranks("pp")[3], (std::vector<int>{19, 23, 27, 31}));
+}
+
+TEST(RankGenerator, RejectsBadConfigurationsSayingWhy) {
+  EXPECT_ERROR_MENTIONS(RankGenerator(2, 1, 2, 2, 1, "tp-dp"), "pp is 2 but the order 'tp-dp' does not place it");
+  EXPECT_ERROR_MENTIONS(RankGenerator(1, 2, 2, 1, 2, "tp-cp-ep-dp-pp"), "cannot both be above 1");
+  EXPECT_ERROR_MENTIONS(RankGenerator(1, 1, 2, 1, 1, "tp-xp-dp"), "names 'xp'");
+  EXPECT_ERROR_MENTIONS(RankGenerator(1, 1, 2, 1, 1, "tp-dp-tp"), "'tp' twice");
+  EXPECT_ERROR_MENTIONS(RankGenerator(0, 1, 2, 1, 1), "tp must be at least 1");
+  EXPECT_ERROR_MENTIONS(RankGenerator(1, 1, 2, 1, 1, "tp-dp", -1), "rank_offset");
+  RankGenerator g(2, 1, 2, 1, 1);
+  EXPECT_ERROR_MENTIONS(g.get_ranks("tp-zz"), "names 'zz'");
+}
+
+// ---------------------------------------------------------------------------
+
+TEST(ParallelPlan, DerivesDpFromTheWorldAndRejectsAnIndivisibleWorld) {
+  ParallelConfig c;
+  c.tp = 2;
+  c.pp = 4;
+  const ParallelPlan p = plan_model_parallel(c, 16);
+  EXPECT_EQ(p.dp, 2);
+  EXPECT_EQ(p.find("dp")->rank_lists,
+            (RankLists{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(p.find("embd")->rank_lists[0], (std::vector<int>{0, 12}));
+  EXPECT_EQ(p.find("pos_embd")->rank_lists[0], (std::vector<int>{0}));
+  EXPECT_EQ(p.find("dp_cp_ag"), nullptr) << "opt-in";
+  c.tp = 3;
+  EXPECT_ERROR_MENTIONS(plan_model_parallel(c, 16), "not divisible by tp*pp*cp = 3*4*1 = 12");
+  c.tp = 2;
+  c.ep = 3;
+  EXPECT_ERROR_MENTIONS(plan_model_parallel(c, 16), "expert_tp*ep*pp");
+}
+
+TEST(ParallelPlan, AllGatherTwinsFollowTheConfiguredOrderAndOffsetNotADefault) {
+  ParallelConfig c;
+  c.tp = 2;
+  c.pp = 2;
+  c.order = "tp-pp-dp";
+  c.rank_offset = 8;
+  c.create_all_gather_groups = true;
+  const ParallelPlan p = plan_model_parallel(c, 8);
+  const RankLists expected = RankGenerator(2, 1, 2, 2, 1, "tp-pp-dp", 8).get_ranks("dp-cp");
+  EXPECT_EQ(expected, (RankLists{{8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+  EXPECT_EQ(p.find("dp_cp")->rank_lists, expected);
+  EXPECT_EQ(p.find("dp_cp_ag")->rank_lists, expected);
+  EXPECT_NE(p.find("dp_cp_ag")->rank_lists, RankGenerator(2, 1, 2, 2, 1, "tp-cp-ep-dp-pp", 0).get_ranks("dp-cp"));
+  EXPECT_EQ(p.find("expt_dp_ag")->rank_lists, p.find("expt_dp")->rank_lists);
+  EXPECT_EQ(p.find("expt_dp")->rank_lists, expected);
+}
+
+TEST(ParallelPlan, NcclOptionsNeedAnNcclBackend) {
+  ParallelConfig c;
+  c.group_options["dp"].nccl.max_ctas = 8;
+  EXPECT_ERROR_MENTIONS(plan_model_parallel(c, 4, "cpu:gloo"), "group 'dp' is given NCCL options (nccl.max_ctas)");
+  const ParallelPlan p = plan_model_parallel(c, 4, "cpu:gloo,cuda:nccl");
+  EXPECT_EQ(to_hints(p.find("dp")->options).at("nccl.max_ctas"), "8");
+  c.high_priority_groups = {"ep_dp"};  // Megatron's name for expt_dp
+  EXPECT_EQ(to_hints(plan_model_parallel(c, 4, "nccl").find("expt_dp")->options).at("nccl.high_priority_stream"), "1");
+  c.high_priority_groups = {"nope"};
+  EXPECT_ERROR_MENTIONS(plan_model_parallel(c, 4, "nccl"), "unknown group 'nope'");
+  c.high_priority_groups.clear();
+  c.group_options["dp_cp_ag"].nccl.min_ctas = 2;
+  EXPECT_ERROR_MENTIONS(plan_model_parallel(c, 4, "nccl"), "set create_all_gather_groups");
+}
+
+TEST(ParallelFlags, ParseEveryKeyAndRejectUnknownOnes) {
+  const ParallelFlags f = parse_parallel_flags("world=16,tp=2,pp=4,cp=1,ep=2,etp=1,dp=2,order=tp-pp-dp,rank_offset=3");
+  EXPECT_EQ(*f.world, 16);
+  EXPECT_EQ(f.config.tp, 2);
+  EXPECT_EQ(f.config.pp, 4);
+  EXPECT_EQ(f.config.ep, 2);
+  EXPECT_EQ(*f.config.expert_tp, 1);
+  EXPECT_EQ(*f.dp, 2);
+  EXPECT_EQ(f.config.order, "tp-pp-dp");
+  EXPECT_EQ(f.config.rank_offset, 3);
+  EXPECT_ERROR_MENTIONS(parse_parallel_flags("tp=2,zz=1"), "unknown key 'zz'");
+  EXPECT_ERROR_MENTIONS(parse_parallel_flags("tp=two"), "not an integer");
+  EXPECT_ERROR_MENTIONS(parse_parallel_flags("tp=2,tp=4"), "given twice");
+}
+
+// ---------------------------------------------------------------------------
+
+TEST(CommunicatorConfig, ReadsMegatronsLayoutIntoTypedOptions) {
+  const auto cfg = parse_communicator_config(R"(
+dp_cp:
+  cga_cluster_size: 2
+  max_ctas: 16
+  min_ctas: 4
+  net_name: IB
+  is_high_priority_stream: true
+tp:
+  max_ctas: 8
+ep_dp:
+  min_ctas: 2
+dp_gloo:
+  gloo: {busy_poll: true, interface: lo}
+)");
+  ASSERT_EQ(cfg.size(), 4u);
+  const Hints h = to_hints(cfg.at("dp_cp"));
+  EXPECT_EQ(h.at("nccl.cga_cluster_size"), "2");
+  EXPECT_EQ(h.at("nccl.max_ctas"), "16");
+  EXPECT_EQ(h.at("nccl.min_ctas"), "4");
+  EXPECT_EQ(h.at("nccl.net_name"), "IB");
+  EXPECT_EQ(h.at("nccl.high_priority_stream"), "1");
+  EXPECT_EQ(h.size(), 5u);
+  EXPECT_EQ(to_hints(cfg.at("tp")), (Hints{{"nccl.max_ctas", "8"}}));
+  EXPECT_EQ(cfg.at("dp_gloo").gloo.busy_poll, true);
+  EXPECT_EQ(cfg.at("dp_gloo").gloo.interface, "lo");
+
+  ParallelConfig c;
+  c.create_gloo_groups = true;
+  c.group_options = cfg;
+  const ParallelPlan p = plan_model_parallel(c, 4, "cpu:gloo,cuda:nccl");
+  EXPECT_EQ(p.find("expt_dp")->options.nccl.min_ctas, 2) << "ep_dp is Megatron's name for expt_dp";
+  EXPECT_EQ(p.find("dp_gloo")->backend, "gloo");
+}
+
+TEST(CommunicatorConfig, AnEmptyFileGivesNoOptions) { EXPECT_TRUE(parse_communicator_config("").empty()); }
+
+TEST(CommunicatorConfig, RejectsUnknownGroupsKeysValuesAndTypesNamingThem) {
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dpp:\n  max_ctas: 1\n"), "'dpp' (line 1): unknown group");
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dp:\n  max_cta: 1\n"), "'dp.max_cta' (line 2): unknown key");
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dp:\n  max_ctas: many\n"), "'many' is not an integer");
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dp:\n  net_name: Eth\n"), "accepted: IB, Socket");
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dp: [1, 2]\n"), "expected a map");
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dp: {gloo: {speed: 1}}\n"), "gloo keys are");
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dp: {max_ctas: [1\n"), "not valid YAML");
+  try {
+    load_communicator_config("/nonexistent/comms.yaml");
+    ADD_FAILURE() << "read a missing file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  }
+}
+
+}  // namespace
+}  // namespace comms::dist
