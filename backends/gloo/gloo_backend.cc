@@ -112,7 +112,7 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
 
 // Small ops run on a second mesh whose pairs are in Gloo's synchronous mode:
 // the calling thread reads its own socket (busy-polling when the host has a
-// core per rank), which skips the event-loop hand-off that dominates small
+// core to spare), which skips the event-loop hand-off that dominates small
 // messages. Gloo's algorithm classes bind their buffers at construction, so
 // instances are cached per (op, dtype, reduction, count, root) over staging
 // buffers; every rank issues the same ops, so every rank makes the same
@@ -963,7 +963,10 @@ Status resolve_config(const Hints& hints, int local_size, int size,
       cfg.hostname = host;
     }
   }
-  cfg.busy_poll_enabled = cfg.busy_poll == "1" || (cfg.busy_poll == "auto" && local_size <= usable_cores());
+  // Spinning ranks need a core each and then some: with as many ranks as
+  // cores, measured small-op latency swung between 17 us and 8 ms stalls
+  // depending on where the scheduler put the spinners (docs/PERFORMANCE.md).
+  cfg.busy_poll_enabled = cfg.busy_poll == "1" || (cfg.busy_poll == "auto" && local_size < usable_cores());
   *out = std::move(cfg);
   return {};
 }

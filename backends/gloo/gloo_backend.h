@@ -19,7 +19,7 @@ struct GlooConfig {
   std::string interface;  // bind this interface, or
   std::string hostname;   // bind this host name or address
   std::string busy_poll;  // "auto", "1" or "0"
-  bool busy_poll_enabled = false;  // resolved: ranks on this host <= cores
+  bool busy_poll_enabled = false;  // resolved: ranks on this host < cores
 };
 
 // Validates hints and resolves the configuration. local_size and

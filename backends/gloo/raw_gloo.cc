@@ -104,7 +104,7 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
     ctx->connectFullMesh(a, impl_->device);
     *which = ctx;
   }
-  const bool busy_poll = local_size <= cores();
+  const bool busy_poll = local_size < cores();  // as the backend decides
   for (int r = 0; r < size; ++r) {
     if (r != rank) impl_->sync_ctx->getPair(r)->setSync(true, busy_poll);
   }
@@ -126,7 +126,8 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
   const size_t es = element_size(dtype);
   const size_t bytes = count * es;
   auto* in = static_cast<uint8_t*>(const_cast<void*>(input));
-  auto* out = static_cast<uint8_t*>(output);
+  // Broadcast works in place on its one buffer, as Comm::broadcast does.
+  auto* out = type == OpType::kBroadcast ? in : static_cast<uint8_t*>(output);
   const SyncAlgorithm sync = sync_algorithm_for(type, bytes, im.size);
   const Impl::Key key{int(type), input, output, count, int(dtype), int(kind), root};
   switch (sync) {

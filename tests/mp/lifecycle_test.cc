@@ -103,7 +103,9 @@ TEST_F(Lifecycle, OffloadAndReloadKeepEverySpecAndDescriptionAndResult) {
   EXPECT_EQ(sum_of_ranks_in(all), int64_t(n) * (n - 1) / 2);
   const auto& hm = halves[w.rank() < (n + 1) / 2 ? 0 : 1];
   EXPECT_EQ(sum_of_ranks_in(half), std::accumulate(hm.begin(), hm.end(), int64_t(0)));
-  if (without_zero) EXPECT_EQ(sum_of_ranks_in(without_zero), int64_t(n) * (n - 1) / 2);
+  if (without_zero) {
+    EXPECT_EQ(sum_of_ranks_in(without_zero), int64_t(n) * (n - 1) / 2);
+  }
   destroy_process_group(all);
   destroy_process_group(half);
   if (without_zero) destroy_process_group(without_zero);
