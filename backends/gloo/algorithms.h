@@ -12,6 +12,8 @@
 // reduce; reduce_scatter as alltoall plus a local reduction).
 #pragma once
 
+#include <sched.h>
+
 #include <cstddef>
 #include <string_view>
 
@@ -55,6 +57,19 @@ constexpr std::string_view algorithm_name(plugin::OpType type, SyncAlgorithm a) 
     case plugin::OpType::kBatchP2P: return "unbound-buffer send/recv";
     default: return "options-style collective";
   }
+}
+
+// Whether COMMS_GLOO_BUSY_POLL / gloo.busy_poll ("0", "1", "auto") makes the
+// sync mesh spin. Opt-in: on 2 ranks / 2 cores it gave 15 us per 4 KiB
+// all_reduce, but 8 ms per op once a cached sync broadcast had run
+// (docs/PERFORMANCE.md). "auto" spins only with a core to spare.
+inline bool busy_poll_enabled(std::string_view mode, int local_size) {
+  if (mode == "1") return true;
+  if (mode != "auto") return false;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return local_size < cores;
 }
 
 }  // namespace comms::gloo_backend

@@ -67,14 +67,6 @@ void with_element_type(size_t element_size, F&& f) {
   }
 }
 
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  const long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
-}
-
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::string(v) : fallback;
@@ -930,7 +922,7 @@ Status resolve_config(const Hints& hints, int local_size, int size,
   GlooConfig cfg;
   cfg.interface = env_or("COMMS_GLOO_IFNAME", "");
   cfg.hostname = env_or("COMMS_GLOO_HOSTNAME", "");
-  cfg.busy_poll = env_or("COMMS_GLOO_BUSY_POLL", "auto");
+  cfg.busy_poll = env_or("COMMS_GLOO_BUSY_POLL", "0");
   for (const auto& [k, v] : hints) {
     if (k == "interface") {
       cfg.interface = v;
@@ -963,10 +955,7 @@ Status resolve_config(const Hints& hints, int local_size, int size,
       cfg.hostname = host;
     }
   }
-  // Spinning ranks need a core each and then some: with as many ranks as
-  // cores, measured small-op latency swung between 17 us and 8 ms stalls
-  // depending on where the scheduler put the spinners (docs/PERFORMANCE.md).
-  cfg.busy_poll_enabled = cfg.busy_poll == "1" || (cfg.busy_poll == "auto" && local_size < usable_cores());
+  cfg.busy_poll_enabled = busy_poll_enabled(cfg.busy_poll, local_size);
   *out = std::move(cfg);
   return {};
 }

@@ -18,7 +18,7 @@ inline constexpr const char* kHintKeys[] = {"interface", "hostname", "busy_poll"
 struct GlooConfig {
   std::string interface;  // bind this interface, or
   std::string hostname;   // bind this host name or address
-  std::string busy_poll;  // "auto", "1" or "0"
+  std::string busy_poll;  // "0" (default), "1" or "auto"
   bool busy_poll_enabled = false;  // resolved: ranks on this host < cores
 };
 

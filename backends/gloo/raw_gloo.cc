@@ -53,12 +53,6 @@ class Adapter : public ::gloo::rendezvous::Store {
   std::chrono::milliseconds t_;
 };
 
-int cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-}
-
 template <class F>
 void by_width(size_t w, F&& f) {
   switch (w) {
@@ -104,7 +98,8 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
     ctx->connectFullMesh(a, impl_->device);
     *which = ctx;
   }
-  const bool busy_poll = local_size < cores();  // as the backend decides
+  const char* mode = std::getenv("COMMS_GLOO_BUSY_POLL");  // as the backend decides
+  const bool busy_poll = busy_poll_enabled(mode && *mode ? mode : "0", local_size);
   for (int r = 0; r < size; ++r) {
     if (r != rank) impl_->sync_ctx->getPair(r)->setSync(true, busy_poll);
   }
