@@ -266,14 +266,12 @@ void check_split_rules(const GroupState& parent, const std::string& name) {
   }
 }
 
-std::shared_ptr<GroupState> register_group(GroupSpec spec, std::shared_ptr<Comm> comm,
-                                           const GroupState& parent) {
+std::shared_ptr<GroupState> register_group(GroupSpec spec, std::shared_ptr<Comm> comm) {
   auto& reg = registry();
   auto state = std::make_shared<GroupState>();
   state->spec = std::move(spec);
   state->comm = std::move(comm);
   if (state->comm) state->device = state->comm->device();
-  (void)parent;
   {
     std::lock_guard<std::mutex> lock(reg.mu);
     state->library_owned = reg.sessions > 0;
@@ -338,7 +336,7 @@ Group new_group(std::span<const int> ranks, const GroupOptions& options) {
     spec.creation_index = reg.next_index++;
   }
   auto comm = create_comm(spec, parent, member_rank);
-  auto state = register_group(std::move(spec), std::move(comm), parent);
+  auto state = register_group(std::move(spec), std::move(comm));
   return member_rank >= 0 ? Group(state) : Group();
 }
 
@@ -402,7 +400,7 @@ Group split_group(const Group& parent_group, std::span<const std::vector<int>> r
   int member_rank = -1;
   if (mine) member_rank = static_cast<int>(std::find(mine->begin(), mine->end(), parent.spec.ranks[parent.comm->rank()]) - mine->begin());
   auto comm = create_comm(spec, parent, member_rank);
-  auto state = register_group(std::move(spec), std::move(comm), parent);
+  auto state = register_group(std::move(spec), std::move(comm));
   return member_rank >= 0 ? Group(state) : Group();
 }
 

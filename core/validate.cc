@@ -102,7 +102,6 @@ Status validate(const OpArgs& a, int rank, int size, Checked* out) {
   const BufferView& in = a.input;
   const BufferView& o = a.output;
   out->dtype = in.dtype;
-  out->device = in.device;
   out->device_type = in.device.type;
   out->in_place = false;
   out->count = in.count;
@@ -263,7 +262,6 @@ Status validate(const OpArgs& a, int rank, int size, Checked* out) {
       COMMS_RETURN_IF_ERROR(check_rank(a.root, size, "root"));
       COMMS_RETURN_IF_ERROR(check_present(o, "output"));
       out->dtype = o.dtype;
-      out->device = o.device;
       out->device_type = o.device.type;
       out->count = o.count;
       if (rank == a.root) {
@@ -295,7 +293,6 @@ Status validate(const OpArgs& a, int rank, int size, Checked* out) {
       }
       const BufferView& first = a.p2p.front().buffer;
       out->dtype = first.dtype;
-      out->device = first.device;
       out->device_type = first.device.type;
       out->count = 0;
       for (size_t i = 0; i < a.p2p.size(); ++i) {

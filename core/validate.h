@@ -28,7 +28,6 @@ struct Checked {
   bool in_place = false;
   DeviceType device_type = DeviceType::kCpu;
   DataType dtype = DataType::kFloat32;
-  Device device;
 };
 
 // Returns kInvalidArgument (or kUnsupported for an undefined reduction) with

@@ -2,7 +2,7 @@
 // comms-bench's raw-Gloo baseline, so the baseline times the same algorithm.
 //
 // Small all_reduce, broadcast and barrier run on a mesh of synchronous pairs
-// (the calling thread reads its own socket; busy-polling when ranks < cores):
+// (the calling thread reads its own socket; busy-polling only when asked):
 //   all_reduce up to 64 KiB gathered (size x message): gather every rank's
 //     buffer (AllgatherRing, n-1 steps) and reduce locally in rank order;
 //   all_reduce up to 256 KiB: AllreduceRing;

@@ -103,8 +103,8 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
 };
 
 // Small ops run on a second mesh whose pairs are in Gloo's synchronous mode:
-// the calling thread reads its own socket (busy-polling when the host has a
-// core to spare), which skips the event-loop hand-off that dominates small
+// the calling thread reads its own socket (busy-polling only when asked,
+// see algorithms.h), which skips the event-loop hand-off that dominates small
 // messages. Gloo's algorithm classes bind their buffers at construction, so
 // instances are cached per (op, dtype, reduction, count, root) over staging
 // buffers; every rank issues the same ops, so every rank makes the same
