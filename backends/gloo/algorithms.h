@@ -6,6 +6,7 @@
 //   all_reduce up to 64 KiB gathered (size x message): gather every rank's
 //     buffer (AllgatherRing, n-1 steps) and reduce locally in rank order;
 //   all_reduce up to 256 KiB: AllreduceRing;
+//   all_reduce above that: our own pipelined ring (sync_ring.h);
 //   broadcast up to 256 KiB: BroadcastOneToAll;   barrier: BarrierAllToAll.
 // Everything else runs Gloo's options-style collectives on the async mesh
 // (allreduce's ring, broadcast, allgather(v), alltoall(v), gather, scatter,
@@ -24,14 +25,15 @@ namespace comms::gloo_backend {
 inline constexpr size_t kSyncPathMaxBytes = 256 * 1024;
 inline constexpr size_t kGatherReduceMaxBytes = 64 * 1024;
 
-enum class SyncAlgorithm : uint8_t { kNone, kGatherReduce, kRing, kBroadcast, kBarrier };
+enum class SyncAlgorithm : uint8_t { kNone, kGatherReduce, kRing, kPipelinedRing, kBroadcast, kBarrier };
 
 constexpr SyncAlgorithm sync_algorithm_for(plugin::OpType type, size_t bytes, int size) {
   switch (type) {
     case plugin::OpType::kBarrier:
       return SyncAlgorithm::kBarrier;
     case plugin::OpType::kAllReduce:
-      if (bytes == 0 || bytes > kSyncPathMaxBytes) return SyncAlgorithm::kNone;
+      if (bytes == 0) return SyncAlgorithm::kNone;
+      if (bytes > kSyncPathMaxBytes) return SyncAlgorithm::kPipelinedRing;
       return bytes * static_cast<size_t>(size) <= kGatherReduceMaxBytes ? SyncAlgorithm::kGatherReduce
                                                                         : SyncAlgorithm::kRing;
     case plugin::OpType::kBroadcast:
@@ -45,6 +47,7 @@ constexpr std::string_view algorithm_name(plugin::OpType type, SyncAlgorithm a) 
   switch (a) {
     case SyncAlgorithm::kGatherReduce: return "sync AllgatherRing + local reduce";
     case SyncAlgorithm::kRing: return "sync AllreduceRing";
+    case SyncAlgorithm::kPipelinedRing: return "sync pipelined ring";
     case SyncAlgorithm::kBroadcast: return "sync BroadcastOneToAll";
     case SyncAlgorithm::kBarrier: return "sync BarrierAllToAll";
     case SyncAlgorithm::kNone: break;

@@ -41,6 +41,8 @@
 
 #include "algorithms.h"
 #include "reductions.h"
+#include "send_buffers.h"
+#include "sync_ring.h"
 
 namespace comms::gloo_backend {
 namespace {
@@ -301,6 +303,7 @@ class GlooBackend : public plugin::Backend {
   std::shared_ptr<::gloo::rendezvous::Context> fast_ctx_;  // sync pairs: small ops
   std::chrono::milliseconds fast_timeout_{0};  // fixed in the sync pairs at connect
   std::vector<FastEntry> fast_cache_;          // most recently used first
+  std::unique_ptr<SyncRing> ring_;             // large all_reduce, on the sync mesh
   std::vector<sockaddr_storage> local_endpoints_;  // of our pairs, for abort()
   std::vector<std::pair<sockaddr_storage, int>> peer_endpoints_;  // remote end -> rank
   std::vector<uint8_t> scratch_;  // reused across ops; only the executing thread touches it
@@ -347,6 +350,8 @@ Status GlooBackend::init() {
     for (int r = 0; r < init_.size; ++r) {
       if (r != init_.rank) fast_ctx_->getPair(r)->setSync(true, config_.busy_poll_enabled);
     }
+    size_send_buffers(*fast_ctx_, *ctx_, init_.init_timeout);
+    ring_ = std::make_unique<SyncRing>(*fast_ctx_);
     // Remember both ends of every connection: the local ends let abort()
     // find the sockets, the remote ends turn Gloo's "peer [addr]" messages
     // into ranks.
@@ -432,6 +437,11 @@ FastEntry& GlooBackend::fast_entry(const FastKey& key) {
 void GlooBackend::run_fast(const plugin::OpDesc& op) {
   const size_t bytes = op.count * element_size(op.dtype);
   const SyncAlgorithm algorithm = sync_algorithm_for(op.type, bytes, init_.size);
+  if (algorithm == SyncAlgorithm::kPipelinedRing) {
+    ring_->all_reduce(op.input, op.output, op.count, element_size(op.dtype), reduce_fn(op.dtype, op.reduce.kind));
+    finish_reduction(op, op.output, op.count);
+    return;
+  }
   const ReduceKind kind = op.type == OpType::kAllReduce ? op.reduce.kind : ReduceKind::kSum;
   FastEntry& e = fast_entry({algorithm, op.type, op.dtype, kind, op.type == OpType::kBroadcast ? op.root : -1,
                              op.type == OpType::kBarrier ? 0 : op.count});
@@ -892,6 +902,7 @@ Status GlooBackend::finalize() {
   q_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   fast_cache_.clear();  // algorithms unregister their buffers from the pairs
+  ring_.reset();
   try {
     if (ctx_) ctx_->closeConnections();
     if (fast_ctx_) fast_ctx_->closeConnections();

@@ -26,6 +26,8 @@
 
 #include "algorithms.h"
 #include "reductions.h"
+#include "send_buffers.h"
+#include "sync_ring.h"
 
 namespace comms::gloo_backend {
 namespace {
@@ -71,6 +73,7 @@ class RawGloo::Impl {
   std::chrono::milliseconds timeout;
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> async_ctx, sync_ctx;
+  std::unique_ptr<SyncRing> ring;
   // Algorithm instances bound to the caller's buffers: every rank runs the
   // same sizes in the same order, so every rank builds them alike.
   using Key = std::tuple<int, const void*, void*, size_t, int, int, int>;
@@ -103,10 +106,13 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
   for (int r = 0; r < size; ++r) {
     if (r != rank) impl_->sync_ctx->getPair(r)->setSync(true, busy_poll);
   }
+  size_send_buffers(*impl_->sync_ctx, *impl_->async_ctx, timeout);
+  impl_->ring = std::make_unique<SyncRing>(*impl_->sync_ctx);
 }
 
 RawGloo::~RawGloo() {
   impl_->bound.clear();
+  impl_->ring.reset();
   impl_->async_ctx->closeConnections();
   impl_->sync_ctx->closeConnections();
 }
@@ -159,6 +165,9 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
       b.algorithm->run();
       return;
     }
+    case SyncAlgorithm::kPipelinedRing:
+      im.ring->all_reduce(in, out, count, es, reduce_fn(dtype, kind));
+      return;
     case SyncAlgorithm::kBroadcast: {
       auto& b = im.bound[key];
       if (!b.algorithm) {
