@@ -24,7 +24,7 @@ constexpr Variable kVariables[] = {
     {"COMMS_RANK", "", "Rank of this process; wins over every launcher's variables."},
     {"COMMS_WORLD_SIZE", "", "Number of processes; read with COMMS_RANK."},
     {"COMMS_LOCAL_RANK", "", "Rank among the processes on this host; the default device index."},
-    {"COMMS_LOCAL_WORLD_SIZE", "", "Processes on this host; CPU backends busy-poll only when it is below the number of cores."},
+    {"COMMS_LOCAL_WORLD_SIZE", "", "Processes on this host; CPU backends spin on reads only when it is at most the number of cores."},
     {"RANK", "", "Rank, as set by torchrun and commsrun."},
     {"WORLD_SIZE", "", "World size, as set by torchrun and commsrun."},
     {"LOCAL_RANK", "", "Local rank, as set by torchrun and commsrun."},
@@ -45,7 +45,7 @@ constexpr Variable kVariables[] = {
     {"SLURM_NTASKS_PER_NODE", "", "Local world size under srun (the leading number is used)."},
     {"COMMS_GLOO_IFNAME", "", "Gloo: network interface to bind (e.g. eth0). Hint gloo.interface wins over it."},
     {"COMMS_GLOO_HOSTNAME", "", "Gloo: host name or address to bind. Hint gloo.hostname wins over it. Unset (and no interface): the address this process uses to reach the TCP store, else 127.0.0.1."},
-    {"COMMS_GLOO_BUSY_POLL", "0", "Gloo: 0, 1 or auto. 1 makes small ops spin on their sockets instead of blocking (lower latency on dedicated hosts; see docs/PERFORMANCE.md for a known stall); auto spins only when the ranks on this host are fewer than its cores. Hint gloo.busy_poll wins over it."},
+    {"COMMS_GLOO_BUSY_POLL", "auto", "Gloo: how reads on the sync mesh (all_reduce, small broadcast, barrier) wait. auto: spin up to 100 us, yielding, then block, when the ranks on this host are at most its cores, else block; 1: spin until the data arrives; 0: block at once. Hint gloo.busy_poll wins over it."},
     {"COMMS_NCCL_NET_NAMES", "", "NCCL: extra accepted values of the nccl.net_name hint (comma separated, case-insensitive), for NCCL net plugins. Built in: IB, Socket."},
     {"COMMS_TEST_REPORT_DIR", "", "Test harness only: directory where each test binary writes its per-rank gtest JSON report."},
 };

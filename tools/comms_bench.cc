@@ -3,7 +3,9 @@
 // max over ranks of each iteration (as nccl-tests reports), and prints the
 // mean, p50 and p99 with algbw and busbw (nccl-tests' busbw factors).
 // --raw-gloo times the Gloo backend's own algorithm for the same op and size
-// called directly (backends/gloo/raw_gloo.h), so libcomms' overhead shows.
+// called directly (backends/gloo/raw_gloo.h), so libcomms' overhead shows;
+// --gloo-native times Gloo's own algorithm classes instead; --overhead
+// alternates comms and the raw call every iteration and reports both.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -80,14 +82,16 @@ struct Row {
   int64_t wrong = 0;
   bool raw = false;
   std::string algorithm;
+  // --overhead: the same op through raw Gloo, timed in alternation with it.
+  double raw_mean_us = 0, raw_p50_us = 0;
 };
 
 class Bench {
  public:
   Bench(std::shared_ptr<Comm> comm, const OpInfo& op, DataType dtype, ReduceOp redop, int iters, int warmup,
-        bool check, gloo_backend::RawGloo* raw)
+        bool check, gloo_backend::RawGloo* raw, bool overhead)
       : comm_(std::move(comm)), op_(op), dtype_(dtype), redop_(redop), iters_(iters), warmup_(warmup),
-        check_(check), raw_(raw) {}
+        check_(check), raw_(raw), overhead_(overhead) {}
 
   Row run(size_t bytes, bool in_place) {
     const int n = comm_->size();
@@ -108,9 +112,9 @@ class Bench {
       if (in_place) std::copy(in_.begin(), in_.end(), out_.begin());
     };
     fill();
-    auto issue = [&] {
+    auto issue = [&](bool use_raw) {
       void* output = in_place ? in_.data() : out_.data();
-      if (raw_) {
+      if (use_raw) {
         raw_->run(op_.type, in_.data(), output, count, dtype_, redop_.kind, 0, peer);
         return;
       }
@@ -154,22 +158,36 @@ class Bench {
       }
     };
 
+    // The timed op: raw Gloo for --raw-gloo, else comms; --overhead times
+    // both, alternating per iteration so that noise hits them alike.
+    const bool primary_raw = raw_ != nullptr && !overhead_;
     int64_t wrong = 0;
     if (check_) {
-      issue();
+      issue(primary_raw);
       wrong = count_wrong(count, in_place, rank, n, peer);
       comm_->all_reduce(BufferView::of(&wrong, 1), ReduceOp::sum());
       fill();
     }
-    for (int i = 0; i < warmup_; ++i) issue();
-    std::vector<double> times(static_cast<size_t>(iters_));
-    for (int i = 0; i < iters_; ++i) {
+    for (int i = 0; i < warmup_; ++i) {
+      issue(primary_raw);
+      if (overhead_) issue(true);
+    }
+    auto timed = [&](bool use_raw) {
       const auto start = Clock::now();
-      issue();
-      times[static_cast<size_t>(i)] = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+      issue(use_raw);
+      return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    };
+    std::vector<double> times(static_cast<size_t>(iters_)), raw_times(overhead_ ? times.size() : 0);
+    for (int i = 0; i < iters_; ++i) {
+      const auto k = static_cast<size_t>(i);
+      // Odd iterations run raw first, so neither side always follows the other.
+      if (overhead_ && i % 2) raw_times[k] = timed(true);
+      times[k] = timed(primary_raw);
+      if (overhead_ && i % 2 == 0) raw_times[k] = timed(true);
     }
     // Each iteration takes as long as its slowest rank.
     comm_->all_reduce(BufferView::of(times), ReduceOp::max());
+    if (overhead_) comm_->all_reduce(BufferView::of(raw_times), ReduceOp::max());
     std::vector<double> sorted = times;
     std::sort(sorted.begin(), sorted.end());
     Row row;
@@ -185,8 +203,15 @@ class Bench {
     row.algbw = row.mean_us > 0 ? double(row.bytes) / (row.mean_us * 1e3) : 0;  // GB/s
     row.busbw = row.algbw * op_.bus_factor(n);
     row.wrong = wrong;
-    row.raw = raw_ != nullptr;
-    row.algorithm = comm_->backends().backend_for(DeviceType::kCpu) == "gloo"
+    row.raw = primary_raw;
+    if (overhead_) {
+      std::vector<double> raw_sorted = raw_times;
+      std::sort(raw_sorted.begin(), raw_sorted.end());
+      row.raw_p50_us = raw_sorted[raw_sorted.size() / 2];
+      row.raw_mean_us = std::accumulate(raw_times.begin(), raw_times.end(), 0.0) / double(raw_times.size());
+    }
+    row.algorithm = primary_raw ? raw_->algorithm(op_.type, count * es)
+                    : comm_->backends().backend_for(DeviceType::kCpu) == "gloo"
                         ? std::string(gloo_backend::algorithm_name(
                               op_.type, gloo_backend::sync_algorithm_for(op_.type, count * es, n)))
                         : std::string();
@@ -265,6 +290,7 @@ class Bench {
   int iters_, warmup_;
   bool check_;
   gloo_backend::RawGloo* raw_;
+  bool overhead_;
   std::vector<uint8_t> in_, out_;
 };
 
@@ -276,7 +302,7 @@ int main(int argc, char** argv) {
   std::string backend, json_path;
   double factor = 2;
   int iters = 20, warmup = 5, check = 0;
-  bool inplace = false, outofplace = false, raw_gloo = false;
+  bool inplace = false, outofplace = false, raw_gloo = false, gloo_native = false, overhead = false;
   std::vector<std::string> op_names;
   for (const auto& o : kOps) op_names.emplace_back(o.name);
   app.add_option("-o,--op", op_name, "operation")->check(CLI::IsMember(op_names));
@@ -293,6 +319,13 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend, "backend string (default COMMS_BACKEND, else the default map)");
   app.add_option("--json", json_path, "write the results as JSON");
   app.add_flag("--raw-gloo", raw_gloo, "time the Gloo backend's algorithm called directly, without libcomms");
+  app.add_flag("--gloo-native", gloo_native,
+               "time Gloo's own algorithm classes directly where the backend runs its own algorithms")
+      ->excludes("--raw-gloo");
+  app.add_flag("--overhead", overhead,
+               "time each op through comms and through raw Gloo (same algorithm) in alternation; report both")
+      ->excludes("--raw-gloo")
+      ->excludes("--gloo-native");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -301,15 +334,16 @@ int main(int argc, char** argv) {
     const ReduceOp redop = parse_reduce_op(redop_name);
     auto comm = new_comm(backend, Device::cpu(), "bench");
     std::unique_ptr<gloo_backend::RawGloo> raw;
-    if (raw_gloo) {
+    if (raw_gloo || gloo_native || overhead) {
       const auto& cfg = comm->impl().config();
-      raw = std::make_unique<gloo_backend::RawGloo>(*make_prefix_store("raw-gloo", cfg.store), comm->rank(),
-                                                    comm->size(), cfg.local_size, comm->op_timeout());
+      raw = std::make_unique<gloo_backend::RawGloo>(
+          *make_prefix_store("raw-gloo", cfg.store), comm->rank(), comm->size(), cfg.local_size, comm->op_timeout(),
+          gloo_native ? gloo_backend::RawGloo::Baseline::kGlooNative : gloo_backend::RawGloo::Baseline::kSameAlgorithm);
     }
     // Rank 0's iteration counts rule, so every rank runs the same loop.
     int32_t plan[2] = {iters, warmup};
     comm->broadcast(BufferView::of(plan, 2), 0);
-    Bench bench(comm, *op, dtype, redop, plan[0], plan[1], check == 1, raw.get());
+    Bench bench(comm, *op, dtype, redop, plan[0], plan[1], check == 1, raw.get(), overhead);
     std::vector<bool> placements;
     if (!outofplace || inplace) placements.push_back(true);
     if (!inplace || outofplace) placements.push_back(false);
@@ -319,15 +353,30 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     if (comm->rank() == 0) {
       std::printf("# comms-bench %s, %d ranks, backend %s%s, %d iterations (%d warm-up)\n", op->name, comm->size(),
-                  comm->backend_string().c_str(), raw ? " (raw Gloo: the backend's algorithm without libcomms)" : "",
+                  comm->backend_string().c_str(), gloo_native ? " (Gloo's own algorithms, without libcomms)"
+                  : overhead  ? " (comms and raw Gloo, same algorithm, alternating)"
+                  : raw       ? " (raw Gloo: the backend's algorithm without libcomms)"
+                              : "",
                   plan[0], plan[1]);
-      std::printf("#%12s %12s %9s %8s %13s %10s %10s %10s %10s %10s %7s  %s\n", "size(B)", "count", "type", "redop",
-                  "placement", "time(us)", "p50(us)", "p99(us)", "algbw", "busbw", "#wrong", "algorithm");
+      if (overhead) {
+        std::printf("#%12s %12s %9s %8s %13s %10s %10s %12s %12s %12s %7s  %s\n", "size(B)", "count", "type", "redop",
+                    "placement", "time(us)", "p50(us)", "raw p50(us)", "overhead(us)", "overhead(%)", "#wrong",
+                    "algorithm");
+      } else {
+        std::printf("#%12s %12s %9s %8s %13s %10s %10s %10s %10s %10s %7s  %s\n", "size(B)", "count", "type", "redop",
+                    "placement", "time(us)", "p50(us)", "p99(us)", "algbw", "busbw", "#wrong", "algorithm");
+      }
     }
     for (size_t bytes = lo; bytes <= hi;) {
       for (bool in_place : placements) {
         Row r = bench.run(bytes, in_place);
-        if (comm->rank() == 0) {
+        if (comm->rank() == 0 && overhead) {
+          std::printf(" %12zu %12zu %9s %8s %13s %10.2f %10.2f %12.2f %12.2f %12.2f %7lld  %s\n", r.bytes, r.count,
+                      r.dtype.c_str(), r.redop.c_str(), r.placement.c_str(), r.mean_us, r.p50_us, r.raw_p50_us,
+                      r.p50_us - r.raw_p50_us, 100.0 * (r.p50_us - r.raw_p50_us) / r.raw_p50_us,
+                      static_cast<long long>(r.wrong), r.algorithm.c_str());
+          std::fflush(stdout);
+        } else if (comm->rank() == 0) {
           std::printf(" %12zu %12zu %9s %8s %13s %10.2f %10.2f %10.2f %10.3f %10.3f %7lld  %s\n", r.bytes, r.count,
                       r.dtype.c_str(), r.redop.c_str(), r.placement.c_str(), r.mean_us, r.p50_us, r.p99_us, r.algbw,
                       r.busbw, static_cast<long long>(r.wrong), r.algorithm.c_str());
@@ -350,7 +399,14 @@ int main(int argc, char** argv) {
           out.push_back({{"op", r.op}, {"bytes", r.bytes}, {"count", r.count}, {"dtype", r.dtype}, {"redop", r.redop},
                          {"placement", r.placement}, {"time_us", r.mean_us}, {"p50_us", r.p50_us},
                          {"p99_us", r.p99_us}, {"algbw_gbps", r.algbw}, {"busbw_gbps", r.busbw}, {"wrong", r.wrong},
-                         {"ranks", comm->size()}, {"raw_gloo", r.raw}, {"algorithm", r.algorithm}});
+                         {"ranks", comm->size()}, {"raw_gloo", r.raw},
+                         {"baseline", gloo_native ? "gloo-native" : r.raw ? "same-algorithm" : "comms"},
+                         {"algorithm", r.algorithm}});
+          if (overhead) {
+            out.back()["raw_p50_us"] = r.raw_p50_us;
+            out.back()["raw_time_us"] = r.raw_mean_us;
+            out.back()["overhead_us"] = r.p50_us - r.raw_p50_us;
+          }
         }
         std::ofstream(json_path) << out.dump(2) << "\n";
       }

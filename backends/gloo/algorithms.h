@@ -1,13 +1,14 @@
 // Which Gloo algorithm runs each op. One function, used by the backend and by
 // comms-bench's raw-Gloo baseline, so the baseline times the same algorithm.
 //
-// Small all_reduce, broadcast and barrier run on a mesh of synchronous pairs
-// (the calling thread reads its own socket; busy-polling only when asked):
-//   all_reduce up to 64 KiB gathered (size x message): gather every rank's
-//     buffer (AllgatherRing, n-1 steps) and reduce locally in rank order;
-//   all_reduce up to 256 KiB: AllreduceRing;
-//   all_reduce above that: our own pipelined ring (sync_ring.h);
-//   broadcast up to 256 KiB: BroadcastOneToAll;   barrier: BarrierAllToAll.
+// all_reduce, small broadcast and barrier run on a mesh of synchronous pairs
+// (the calling thread reads its own socket), with algorithms of our own on
+// Gloo's transport (sync_mesh.h):
+//   all_reduce up to 64 KiB gathered (size x message): every rank sends its
+//     buffer to every other and reduces locally in rank order;
+//   all_reduce above that: a pipelined ring;
+//   broadcast up to 256 KiB: the root sends to every rank;
+//   barrier: a token from every rank to every other.
 // Everything else runs Gloo's options-style collectives on the async mesh
 // (allreduce's ring, broadcast, allgather(v), alltoall(v), gather, scatter,
 // reduce; reduce_scatter as alltoall plus a local reduction).
@@ -15,6 +16,7 @@
 
 #include <sched.h>
 
+#include <chrono>
 #include <cstddef>
 #include <string_view>
 
@@ -25,7 +27,7 @@ namespace comms::gloo_backend {
 inline constexpr size_t kSyncPathMaxBytes = 256 * 1024;
 inline constexpr size_t kGatherReduceMaxBytes = 64 * 1024;
 
-enum class SyncAlgorithm : uint8_t { kNone, kGatherReduce, kRing, kPipelinedRing, kBroadcast, kBarrier };
+enum class SyncAlgorithm : uint8_t { kNone, kGatherReduce, kPipelinedRing, kBroadcast, kBarrier };
 
 constexpr SyncAlgorithm sync_algorithm_for(plugin::OpType type, size_t bytes, int size) {
   switch (type) {
@@ -33,9 +35,8 @@ constexpr SyncAlgorithm sync_algorithm_for(plugin::OpType type, size_t bytes, in
       return SyncAlgorithm::kBarrier;
     case plugin::OpType::kAllReduce:
       if (bytes == 0) return SyncAlgorithm::kNone;
-      if (bytes > kSyncPathMaxBytes) return SyncAlgorithm::kPipelinedRing;
       return bytes * static_cast<size_t>(size) <= kGatherReduceMaxBytes ? SyncAlgorithm::kGatherReduce
-                                                                        : SyncAlgorithm::kRing;
+                                                                        : SyncAlgorithm::kPipelinedRing;
     case plugin::OpType::kBroadcast:
       return bytes == 0 || bytes > kSyncPathMaxBytes ? SyncAlgorithm::kNone : SyncAlgorithm::kBroadcast;
     default:
@@ -45,11 +46,10 @@ constexpr SyncAlgorithm sync_algorithm_for(plugin::OpType type, size_t bytes, in
 
 constexpr std::string_view algorithm_name(plugin::OpType type, SyncAlgorithm a) {
   switch (a) {
-    case SyncAlgorithm::kGatherReduce: return "sync AllgatherRing + local reduce";
-    case SyncAlgorithm::kRing: return "sync AllreduceRing";
+    case SyncAlgorithm::kGatherReduce: return "sync exchange + local reduce";
     case SyncAlgorithm::kPipelinedRing: return "sync pipelined ring";
-    case SyncAlgorithm::kBroadcast: return "sync BroadcastOneToAll";
-    case SyncAlgorithm::kBarrier: return "sync BarrierAllToAll";
+    case SyncAlgorithm::kBroadcast: return "sync broadcast from root";
+    case SyncAlgorithm::kBarrier: return "sync token exchange";
     case SyncAlgorithm::kNone: break;
   }
   switch (type) {
@@ -62,17 +62,22 @@ constexpr std::string_view algorithm_name(plugin::OpType type, SyncAlgorithm a) 
   }
 }
 
-// Whether COMMS_GLOO_BUSY_POLL / gloo.busy_poll ("0", "1", "auto") makes the
-// sync mesh spin. Opt-in: on 2 ranks / 2 cores it gave 15 us per 4 KiB
-// all_reduce, but 8 ms per op once a cached sync broadcast had run
-// (docs/PERFORMANCE.md). "auto" spins only with a core to spare.
-inline bool busy_poll_enabled(std::string_view mode, int local_size) {
-  if (mode == "1") return true;
-  if (mode != "auto") return false;
+// How sync-mesh reads wait, from COMMS_GLOO_BUSY_POLL / gloo.busy_poll:
+//   "auto" (default): spin on the socket for up to kAutoSpin, then block,
+//     when the ranks on this host do not outnumber its cores; else block;
+//   "1": spin until the message arrives (Gloo's busy-poll mode);
+//   "0": block at once.
+// The bounded spin takes a 4 KiB all_reduce at 2 ranks from ~55 us to
+// ~17 us without handing a core to a peer that is late.
+inline constexpr std::string_view kDefaultBusyPoll = "auto";
+inline constexpr std::chrono::microseconds kAutoSpin{100};
+
+inline std::chrono::microseconds read_spin(std::string_view mode, int local_size) {
+  if (mode != "auto") return std::chrono::microseconds{0};
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  return local_size < cores;
+  return local_size <= cores ? kAutoSpin : std::chrono::microseconds{0};
 }
 
 }  // namespace comms::gloo_backend

@@ -42,7 +42,8 @@
 #include "algorithms.h"
 #include "reductions.h"
 #include "send_buffers.h"
-#include "sync_ring.h"
+#include "sockets.h"
+#include "sync_mesh.h"
 
 namespace comms::gloo_backend {
 namespace {
@@ -104,32 +105,6 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
 };
 
-// Small ops run on a second mesh whose pairs are in Gloo's synchronous mode:
-// the calling thread reads its own socket (busy-polling only when asked,
-// see algorithms.h), which skips the event-loop hand-off that dominates small
-// messages. Gloo's algorithm classes bind their buffers at construction, so
-// instances are cached per (op, dtype, reduction, count, root) over staging
-// buffers; every rank issues the same ops, so every rank makes the same
-// cache decisions and the instances' slots stay matched.
-constexpr size_t kFastCacheEntries = 32;
-
-struct FastKey {
-  SyncAlgorithm algorithm;
-  OpType type;
-  DataType dtype;
-  ReduceKind kind;
-  int root;
-  size_t count;
-  bool operator==(const FastKey&) const = default;
-};
-
-struct FastEntry {
-  FastKey key;
-  std::vector<uint8_t> staging;
-  std::shared_ptr<void> reduction;  // the ReductionFunction the algorithm points to
-  std::unique_ptr<::gloo::Algorithm> algorithm;
-};
-
 // One transport device (and its event-loop thread) per bind address, shared
 // by every comm of the process.
 std::shared_ptr<::gloo::transport::Device> shared_device(const GlooConfig& cfg) {
@@ -147,49 +122,10 @@ std::shared_ptr<::gloo::transport::Device> shared_device(const GlooConfig& cfg) 
   return d;
 }
 
-bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
-  if (a.ss_family != b.ss_family) return false;
-  if (a.ss_family == AF_INET) {
-    auto& x = reinterpret_cast<const sockaddr_in&>(a);
-    auto& y = reinterpret_cast<const sockaddr_in&>(b);
-    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
-  }
-  if (a.ss_family == AF_INET6) {
-    auto& x = reinterpret_cast<const sockaddr_in6&>(a);
-    auto& y = reinterpret_cast<const sockaddr_in6&>(b);
-    return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
-  }
-  return false;
-}
-
 std::string endpoint_port(const sockaddr_storage& a) {
   if (a.ss_family == AF_INET) return std::to_string(ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port));
   if (a.ss_family == AF_INET6) return std::to_string(ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
   return {};
-}
-
-// Calls fn(fd) for every socket of this process whose local address is one
-// of `locals`. Gloo keeps its file descriptors private; this is how abort()
-// reaches them without touching Gloo's internals.
-template <class Fn>
-void for_each_socket_bound_to(const std::vector<sockaddr_storage>& locals, Fn fn) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return;
-  while (dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0') continue;
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
-    for (const auto& l : locals) {
-      if (same_endpoint(ss, l)) {
-        fn(static_cast<int>(fd));
-        break;
-      }
-    }
-  }
-  closedir(dir);
 }
 
 // An op with everything it points to copied, so it can run later.
@@ -291,7 +227,6 @@ class GlooBackend : public plugin::Backend {
   void run_locally(const plugin::OpDesc& op);
   bool fast_path_fits(const plugin::OpDesc& op) const;
   void run_fast(const plugin::OpDesc& op);
-  FastEntry& fast_entry(const FastKey& key);
   std::shared_ptr<::gloo::rendezvous::Context> connect_mesh(const std::string& prefix);
   void finish_reduction(const plugin::OpDesc& op, void* data, size_t n) const;
 
@@ -302,8 +237,7 @@ class GlooBackend : public plugin::Backend {
   std::shared_ptr<::gloo::rendezvous::Context> ctx_;       // async pairs: every op
   std::shared_ptr<::gloo::rendezvous::Context> fast_ctx_;  // sync pairs: small ops
   std::chrono::milliseconds fast_timeout_{0};  // fixed in the sync pairs at connect
-  std::vector<FastEntry> fast_cache_;          // most recently used first
-  std::unique_ptr<SyncRing> ring_;             // large all_reduce, on the sync mesh
+  std::unique_ptr<SyncMesh> sync_;             // the sync mesh's collectives
   std::vector<sockaddr_storage> local_endpoints_;  // of our pairs, for abort()
   std::vector<std::pair<sockaddr_storage, int>> peer_endpoints_;  // remote end -> rank
   std::vector<uint8_t> scratch_;  // reused across ops; only the executing thread touches it
@@ -348,10 +282,10 @@ Status GlooBackend::init() {
     fast_timeout_ = op_timeout_.load();
     fast_ctx_ = connect_mesh("sync/");
     for (int r = 0; r < init_.size; ++r) {
-      if (r != init_.rank) fast_ctx_->getPair(r)->setSync(true, config_.busy_poll_enabled);
+      if (r != init_.rank) fast_ctx_->getPair(r)->setSync(true, config_.busy_poll == "1");
     }
     size_send_buffers(*fast_ctx_, *ctx_, init_.init_timeout);
-    ring_ = std::make_unique<SyncRing>(*fast_ctx_);
+    sync_ = std::make_unique<SyncMesh>(fast_ctx_, config_.spin);
     // Remember both ends of every connection: the local ends let abort()
     // find the sockets, the remote ends turn Gloo's "peer [addr]" messages
     // into ranks.
@@ -367,7 +301,7 @@ Status GlooBackend::init() {
       }
     }
     for (size_t i = 0; i < local_endpoints_.size(); ++i) {
-      for_each_socket_bound_to({local_endpoints_[i]}, [&](int fd) {
+      for_each_socket_bound_to({local_endpoints_[i]}, [&](int fd, size_t) {
         sockaddr_storage peer{};
         socklen_t len = sizeof peer;
         if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0) {
@@ -392,81 +326,19 @@ bool GlooBackend::fast_path_fits(const plugin::OpDesc& op) const {
          sync_algorithm_for(op.type, op.count * element_size(op.dtype), init_.size) != SyncAlgorithm::kNone;
 }
 
-FastEntry& GlooBackend::fast_entry(const FastKey& key) {
-  auto it = std::find_if(fast_cache_.begin(), fast_cache_.end(), [&](const FastEntry& e) { return e.key == key; });
-  if (it != fast_cache_.end()) {
-    std::rotate(fast_cache_.begin(), it, it + 1);
-    return fast_cache_.front();
-  }
-  if (fast_cache_.size() >= kFastCacheEntries) fast_cache_.pop_back();
-  FastEntry e;
-  e.key = key;
-  const size_t bytes = key.count * element_size(key.dtype);
-  e.staging.resize(std::max<size_t>(1, key.algorithm == SyncAlgorithm::kGatherReduce
-                                           ? bytes * (static_cast<size_t>(init_.size) + 1)
-                                           : bytes));
-  with_element_type(element_size(key.dtype), [&](auto tag) {
-    using S = decltype(tag);
-    std::vector<S*> ptrs = {reinterpret_cast<S*>(e.staging.data())};
-    const int count = static_cast<int>(key.count);
-    switch (key.algorithm) {
-      case SyncAlgorithm::kGatherReduce: {
-        // staging = [this rank's input | size gathered buffers]
-        std::vector<const S*> in = {reinterpret_cast<const S*>(e.staging.data())};
-        e.algorithm = std::make_unique<::gloo::AllgatherRing<S>>(
-            fast_ctx_, in, reinterpret_cast<S*>(e.staging.data() + bytes), count);
-        break;
-      }
-      case SyncAlgorithm::kRing: {
-        auto fn = std::make_shared<::gloo::ReductionFunction<S>>(::gloo::CUSTOM, in_place_fn<S>(key.dtype, key.kind));
-        e.algorithm = std::make_unique<::gloo::AllreduceRing<S>>(fast_ctx_, ptrs, count, fn.get());
-        e.reduction = fn;
-        break;
-      }
-      case SyncAlgorithm::kBroadcast:
-        e.algorithm = std::make_unique<::gloo::BroadcastOneToAll<S>>(fast_ctx_, ptrs, count, key.root);
-        break;
-      default:
-        e.algorithm = std::make_unique<::gloo::BarrierAllToAll>(fast_ctx_);
-    }
-  });
-  fast_cache_.insert(fast_cache_.begin(), std::move(e));
-  return fast_cache_.front();
-}
-
 void GlooBackend::run_fast(const plugin::OpDesc& op) {
-  const size_t bytes = op.count * element_size(op.dtype);
-  const SyncAlgorithm algorithm = sync_algorithm_for(op.type, bytes, init_.size);
-  if (algorithm == SyncAlgorithm::kPipelinedRing) {
-    ring_->all_reduce(op.input, op.output, op.count, element_size(op.dtype), reduce_fn(op.dtype, op.reduce.kind));
-    finish_reduction(op, op.output, op.count);
-    return;
-  }
-  const ReduceKind kind = op.type == OpType::kAllReduce ? op.reduce.kind : ReduceKind::kSum;
-  FastEntry& e = fast_entry({algorithm, op.type, op.dtype, kind, op.type == OpType::kBroadcast ? op.root : -1,
-                             op.type == OpType::kBarrier ? 0 : op.count});
-  if (op.type != OpType::kBarrier) std::memcpy(e.staging.data(), op.input, bytes);
-  e.algorithm->run();
-  switch (algorithm) {
-    case SyncAlgorithm::kBarrier:
+  const size_t es = element_size(op.dtype);
+  switch (op.type) {
+    case OpType::kBarrier:
+      sync_->barrier();
       return;
-    case SyncAlgorithm::kGatherReduce: {
-      const uint8_t* gathered = e.staging.data() + bytes;
-      const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
-      if (init_.size == 1) {
-        std::memcpy(op.output, gathered, bytes);
-      } else {
-        // Rank 0 op rank 1 first, then the rest in order: the same bits on
-        // every rank, whatever its own rank.
-        fn(op.output, gathered, gathered + bytes, op.count);
-        for (int r = 2; r < init_.size; ++r) fn(op.output, op.output, gathered + r * bytes, op.count);
-      }
-      break;
-    }
+    case OpType::kBroadcast:
+      sync_->broadcast(op.input, op.output, op.count * es, op.root);
+      return;
     default:
-      std::memcpy(op.output, e.staging.data(), bytes);
+      sync_->all_reduce(op.input, op.output, op.count, es, reduce_fn(op.dtype, op.reduce.kind));
+      finish_reduction(op, op.output, op.count);
   }
-  if (op.type == OpType::kAllReduce) finish_reduction(op, op.output, op.count);
 }
 
 int GlooBackend::peer_of(const std::string& message) const {
@@ -871,6 +743,13 @@ Status GlooBackend::set_hints(const Hints& hints) {
       if (!s.is_ok()) return s;
       config_.busy_poll = cfg.busy_poll;
       config_.busy_poll_enabled = cfg.busy_poll_enabled;
+      config_.spin = cfg.spin;
+      if (fast_ctx_) {
+        for (int r = 0; r < init_.size; ++r) {
+          if (r != init_.rank) fast_ctx_->getPair(r)->setSync(true, cfg.busy_poll == "1");
+        }
+        sync_->set_spin(cfg.spin);
+      }
     } else {
       return {ErrorCode::kUnsupported,
               cat({"gloo hint '", k, "' cannot change after the comm connected; pass it when creating the comm"})};
@@ -888,7 +767,7 @@ void GlooBackend::abort(const std::string& reason) {
   aborted_ = true;
   // Wake every thread blocked on these sockets (ours and Gloo's loop):
   // shutdown() makes their reads fail now, and the peers see EOF.
-  for_each_socket_bound_to(local_endpoints_, [](int fd) { ::shutdown(fd, SHUT_RDWR); });
+  for_each_socket_bound_to(local_endpoints_, [](int fd, size_t) { ::shutdown(fd, SHUT_RDWR); });
 }
 
 Status GlooBackend::finalize() {
@@ -901,8 +780,7 @@ Status GlooBackend::finalize() {
   }
   q_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
-  fast_cache_.clear();  // algorithms unregister their buffers from the pairs
-  ring_.reset();
+  sync_.reset();  // its buffers unregister from the pairs
   try {
     if (ctx_) ctx_->closeConnections();
     if (fast_ctx_) fast_ctx_->closeConnections();
@@ -921,6 +799,7 @@ std::string GlooBackend::describe() const {
   os << "{\"transport\":\"tcp\",\"interface\":\"" << config_.interface << "\",\"hostname\":\""
      << config_.hostname << "\",\"busy_poll\":\"" << config_.busy_poll
      << "\",\"busy_poll_enabled\":" << (config_.busy_poll_enabled ? "true" : "false")
+     << ",\"spin_us\":" << config_.spin.count()
      << ",\"sync_path_max_bytes\":" << kSyncPathMaxBytes
      << ",\"op_timeout_ms\":" << op_timeout_.load().count() << "}";
   return os.str();
@@ -933,7 +812,7 @@ Status resolve_config(const Hints& hints, int local_size, int size,
   GlooConfig cfg;
   cfg.interface = env_or("COMMS_GLOO_IFNAME", "");
   cfg.hostname = env_or("COMMS_GLOO_HOSTNAME", "");
-  cfg.busy_poll = env_or("COMMS_GLOO_BUSY_POLL", "0");
+  cfg.busy_poll = env_or("COMMS_GLOO_BUSY_POLL", std::string(kDefaultBusyPoll));
   for (const auto& [k, v] : hints) {
     if (k == "interface") {
       cfg.interface = v;
@@ -966,7 +845,8 @@ Status resolve_config(const Hints& hints, int local_size, int size,
       cfg.hostname = host;
     }
   }
-  cfg.busy_poll_enabled = busy_poll_enabled(cfg.busy_poll, local_size);
+  cfg.spin = read_spin(cfg.busy_poll, local_size);
+  cfg.busy_poll_enabled = cfg.busy_poll == "1" || cfg.spin.count() > 0;
   *out = std::move(cfg);
   return {};
 }

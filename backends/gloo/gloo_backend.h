@@ -2,6 +2,7 @@
 // transport. Built only against include/comms/plugin.h and Gloo.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -18,8 +19,9 @@ inline constexpr const char* kHintKeys[] = {"interface", "hostname", "busy_poll"
 struct GlooConfig {
   std::string interface;  // bind this interface, or
   std::string hostname;   // bind this host name or address
-  std::string busy_poll;  // "0" (default), "1" or "auto"
-  bool busy_poll_enabled = false;  // resolved: ranks on this host < cores
+  std::string busy_poll;  // "auto" (default), "1" or "0"; see read_spin() in algorithms.h
+  bool busy_poll_enabled = false;   // resolved: sync-mesh reads spin at all
+  std::chrono::microseconds spin{0};  // resolved: spin before a read blocks
 };
 
 // Validates hints and resolves the configuration. local_size and

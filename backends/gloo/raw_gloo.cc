@@ -27,7 +27,7 @@
 #include "algorithms.h"
 #include "reductions.h"
 #include "send_buffers.h"
-#include "sync_ring.h"
+#include "sync_mesh.h"
 
 namespace comms::gloo_backend {
 namespace {
@@ -65,6 +65,25 @@ void by_width(size_t w, F&& f) {
   }
 }
 
+// --gloo-native: Gloo's own algorithm classes on the sync mesh, for the
+// sizes where the backend runs its own algorithms there.
+enum class Native : uint8_t { kNone, kAllgatherRing, kAllreduceRing, kBroadcastOneToAll, kBarrierAllToAll };
+
+Native native_algorithm(OpType type, size_t bytes, int size) {
+  switch (type) {
+    case OpType::kBarrier:
+      return Native::kBarrierAllToAll;
+    case OpType::kAllReduce:
+      if (bytes == 0 || bytes > kSyncPathMaxBytes) return Native::kNone;
+      return bytes * static_cast<size_t>(size) <= kGatherReduceMaxBytes ? Native::kAllgatherRing
+                                                                        : Native::kAllreduceRing;
+    case OpType::kBroadcast:
+      return bytes == 0 || bytes > kSyncPathMaxBytes ? Native::kNone : Native::kBroadcastOneToAll;
+    default:
+      return Native::kNone;
+  }
+}
+
 }  // namespace
 
 class RawGloo::Impl {
@@ -73,7 +92,8 @@ class RawGloo::Impl {
   std::chrono::milliseconds timeout;
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> async_ctx, sync_ctx;
-  std::unique_ptr<SyncRing> ring;
+  bool native = false;
+  std::unique_ptr<SyncMesh> mesh;  // the backend's sync-mesh algorithms
   // Algorithm instances bound to the caller's buffers: every rank runs the
   // same sizes in the same order, so every rank builds them alike.
   using Key = std::tuple<int, const void*, void*, size_t, int, int, int>;
@@ -86,7 +106,8 @@ class RawGloo::Impl {
   std::vector<uint8_t> tmp;
 };
 
-RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::milliseconds timeout)
+RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::milliseconds timeout,
+                 Baseline baseline)
     : impl_(std::make_unique<Impl>()) {
   impl_->rank = rank;
   impl_->size = size;
@@ -101,24 +122,33 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
     ctx->connectFullMesh(a, impl_->device);
     *which = ctx;
   }
-  const char* mode = std::getenv("COMMS_GLOO_BUSY_POLL");  // as the backend decides
-  const bool busy_poll = busy_poll_enabled(mode && *mode ? mode : "0", local_size);
+  const char* env = std::getenv("COMMS_GLOO_BUSY_POLL");  // as the backend decides
+  const std::string_view mode = env && *env ? env : kDefaultBusyPoll;
   for (int r = 0; r < size; ++r) {
-    if (r != rank) impl_->sync_ctx->getPair(r)->setSync(true, busy_poll);
+    if (r != rank) impl_->sync_ctx->getPair(r)->setSync(true, mode == "1");
   }
   size_send_buffers(*impl_->sync_ctx, *impl_->async_ctx, timeout);
-  impl_->ring = std::make_unique<SyncRing>(*impl_->sync_ctx);
+  impl_->native = baseline == Baseline::kGlooNative;
+  impl_->mesh = std::make_unique<SyncMesh>(impl_->sync_ctx, read_spin(mode, local_size));
 }
 
 RawGloo::~RawGloo() {
   impl_->bound.clear();
-  impl_->ring.reset();
+  impl_->mesh.reset();
   impl_->async_ctx->closeConnections();
   impl_->sync_ctx->closeConnections();
 }
 
 std::string RawGloo::algorithm(OpType type, size_t bytes) const {
-  return std::string(algorithm_name(type, sync_algorithm_for(type, bytes, impl_->size)));
+  if (!impl_->native) return std::string(algorithm_name(type, sync_algorithm_for(type, bytes, impl_->size)));
+  switch (native_algorithm(type, bytes, impl_->size)) {
+    case Native::kAllgatherRing: return "sync AllgatherRing + local reduce";
+    case Native::kAllreduceRing: return "sync AllreduceRing";
+    case Native::kBroadcastOneToAll: return "sync BroadcastOneToAll";
+    case Native::kBarrierAllToAll: return "sync BarrierAllToAll";
+    case Native::kNone: break;
+  }
+  return std::string(algorithm_name(type, SyncAlgorithm::kNone));
 }
 
 void RawGloo::run(OpType type, const void* input, void* output, size_t count, DataType dtype, ReduceKind kind,
@@ -129,10 +159,23 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
   auto* in = static_cast<uint8_t*>(const_cast<void*>(input));
   // Broadcast works in place on its one buffer, as Comm::broadcast does.
   auto* out = type == OpType::kBroadcast ? in : static_cast<uint8_t*>(output);
-  const SyncAlgorithm sync = sync_algorithm_for(type, bytes, im.size);
+  if (!im.native) {
+    switch (sync_algorithm_for(type, bytes, im.size)) {
+      case SyncAlgorithm::kGatherReduce:
+      case SyncAlgorithm::kPipelinedRing:
+        return im.mesh->all_reduce(in, out, count, es, reduce_fn(dtype, kind));
+      case SyncAlgorithm::kBroadcast:
+        return im.mesh->broadcast(in, out, bytes, root);
+      case SyncAlgorithm::kBarrier:
+        return im.mesh->barrier();
+      case SyncAlgorithm::kNone:
+        break;
+    }
+  }
+  const Native native = im.native ? native_algorithm(type, bytes, im.size) : Native::kNone;
   const Impl::Key key{int(type), input, output, count, int(dtype), int(kind), root};
-  switch (sync) {
-    case SyncAlgorithm::kGatherReduce: {
+  switch (native) {
+    case Native::kAllgatherRing: {
       auto& b = im.bound[key];
       if (!b.algorithm) {
         b.gathered.resize(bytes * static_cast<size_t>(im.size));
@@ -149,7 +192,7 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
       for (int r = 2; r < im.size; ++r) fn(out, out, b.gathered.data() + r * bytes, count);
       return;
     }
-    case SyncAlgorithm::kRing: {
+    case Native::kAllreduceRing: {
       // In place on the output, as Gloo's ring works.
       if (out != in) std::memcpy(out, in, bytes);
       auto& b = im.bound[key];
@@ -165,10 +208,7 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
       b.algorithm->run();
       return;
     }
-    case SyncAlgorithm::kPipelinedRing:
-      im.ring->all_reduce(in, out, count, es, reduce_fn(dtype, kind));
-      return;
-    case SyncAlgorithm::kBroadcast: {
+    case Native::kBroadcastOneToAll: {
       auto& b = im.bound[key];
       if (!b.algorithm) {
         by_width(es, [&](auto t) {
@@ -180,13 +220,13 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
       b.algorithm->run();
       return;
     }
-    case SyncAlgorithm::kBarrier: {
+    case Native::kBarrierAllToAll: {
       auto& b = im.bound[key];
       if (!b.algorithm) b.algorithm = std::make_unique<::gloo::BarrierAllToAll>(im.sync_ctx);
       b.algorithm->run();
       return;
     }
-    case SyncAlgorithm::kNone:
+    case Native::kNone:
       break;
   }
   const auto& ctx = im.async_ctx;

@@ -1,8 +1,10 @@
-// The raw-Gloo baseline of comms-bench --raw-gloo: the same algorithm the
-// Gloo backend picks for an op (algorithms.h), called directly on the
-// caller's buffers, with none of libcomms around it (no validation, no
-// dispatch, no Work, no staging copies where Gloo can use the buffers). The
-// difference to the same op through comms is libcomms' overhead.
+// The raw-Gloo baselines of comms-bench.
+// --raw-gloo: the same algorithm the Gloo backend picks for an op
+// (algorithms.h), called directly on the caller's buffers, with none of
+// libcomms around it (no validation, no dispatch, no Work). The difference
+// to the same op through comms is libcomms' overhead.
+// --gloo-native: Gloo's own algorithm classes where the backend runs
+// algorithms of its own (sync_mesh.h), to show what those gain.
 #pragma once
 
 #include <chrono>
@@ -16,9 +18,15 @@ namespace comms::gloo_backend {
 
 class RawGloo {
  public:
-  // Connects an async mesh and a sync mesh (busy-polling as the backend
+  enum class Baseline {
+    kSameAlgorithm,  // what the backend runs, minus libcomms: its overhead
+    kGlooNative,     // Gloo's own algorithm classes where the backend has its own
+  };
+
+  // Connects an async mesh and a sync mesh (waiting on reads as the backend
   // would) over `store`. Collective over the job.
-  RawGloo(Store& store, int rank, int size, int local_size, std::chrono::milliseconds timeout);
+  RawGloo(Store& store, int rank, int size, int local_size, std::chrono::milliseconds timeout,
+          Baseline baseline = Baseline::kSameAlgorithm);
   ~RawGloo();
   RawGloo(const RawGloo&) = delete;
   RawGloo& operator=(const RawGloo&) = delete;

@@ -5,7 +5,12 @@
 // even after a failure.
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -428,6 +433,80 @@ TEST(Ops, SeveralAsyncOpsInFlightCompleteInOrder) {
     }
   }
   w.barrier();
+}
+
+// Gloo sizes a socket's send buffer from the first message that outgrows it
+// and then stops the kernel from autotuning it. With an 8-byte broadcast
+// first, the buffer stayed ~4.6 KiB and every later 4 KiB all_reduce waited
+// for a delayed ACK (8-44 ms per op). The backend sizes every pair of both
+// meshes at connect; a tiny first message must not undo that.
+TEST(Ops, ATinyFirstMessageLeavesEverySocketRoomForTheSyncPath) {
+  auto& w = *world();
+  if (w.size() == 1) GTEST_SKIP() << "no peers, no sockets";
+  std::vector<int> everyone(w.size());
+  std::iota(everyone.begin(), everyone.end(), 0);
+  auto fresh = w.split(everyone, "tiny-first");  // a new mesh whose first op is tiny
+  int32_t two[2] = {w.rank(), 7};
+  fresh->broadcast(BufferView::of(two, 2), 0);
+  std::vector<float> x(1024, 1.0f), y(1024);
+  fresh->all_reduce(BufferView::of(x), BufferView::of(y), ReduceOp::sum());
+  EXPECT_EQ(y[0], float(w.size()));
+
+  long wmem_max = 256 * 1024;
+  if (FILE* f = std::fopen("/proc/sys/net/core/wmem_max", "r")) {
+    if (std::fscanf(f, "%ld", &wmem_max) != 1) wmem_max = 256 * 1024;
+    std::fclose(f);
+  }
+  const int want = int(2 * std::min<long>(256 * 1024, wmem_max));  // the kernel doubles what was set
+  const char* store_port = std::getenv("MASTER_PORT");
+  int gloo_sockets = 0;
+  for (int fd = 0; fd < 4096; ++fd) {
+    int type = 0, sndbuf = 0;
+    socklen_t len = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
+    sockaddr_in peer{};
+    socklen_t plen = sizeof peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0 || peer.sin_family != AF_INET) continue;
+    if (store_port && ntohs(peer.sin_port) == std::atoi(store_port)) continue;  // the store's connection
+    len = sizeof sndbuf;
+    getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &len);
+    EXPECT_GE(sndbuf, want) << "socket " << fd << " to port " << ntohs(peer.sin_port);
+    ++gloo_sockets;
+  }
+  // Both meshes of both comms: 4 connections per peer.
+  EXPECT_GE(gloo_sockets, 4 * (w.size() - 1));
+  fresh->finalize();
+}
+
+// Large all_reduce runs a pipelined ring; every element is reduced once and
+// then gathered, so every rank must hold the same bits, and the values must
+// match the sum however the pieces and segments fall (the count is prime).
+TEST(Ops, LargeAllReduceGivesEveryRankTheSameBits) {
+  auto& w = *world();
+  const size_t count = 1000003;
+  auto f = [](int r, size_t i) { return float(std::sin(0.37 * double(i) + 1.3 * r) * 100.0); };
+  for (bool in_place : {false, true}) {
+    std::vector<float> in(count), out(count);
+    for (size_t i = 0; i < count; ++i) in[i] = f(w.rank(), i);
+    if (in_place) w.all_reduce(BufferView::of(in), ReduceOp::sum());
+    else w.all_reduce(BufferView::of(in), BufferView::of(out), ReduceOp::sum());
+    const std::vector<float>& got = in_place ? in : out;
+    size_t bad = 0, first_bad = 0;
+    for (size_t i = 0; i < count; ++i) {
+      double want = 0;
+      for (int r = 0; r < w.size(); ++r) want += f(r, i);
+      if (std::fabs(got[i] - want) > 1e-4 * (std::fabs(want) + 1)) {
+        if (!bad++) first_bad = i;
+      }
+    }
+    EXPECT_EQ(bad, 0u) << (in_place ? "in-place" : "out-of-place") << ": first wrong index " << first_bad;
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a of the result's bytes
+    const auto* p = reinterpret_cast<const uint8_t*>(got.data());
+    for (size_t i = 0; i < count * sizeof(float); ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+    std::vector<uint64_t> hashes(w.size());
+    w.all_gather(BufferView::of(&hash, 1), BufferView::of(hashes));
+    for (int r = 0; r < w.size(); ++r) EXPECT_EQ(hashes[r], hash) << "rank " << r << " holds other bits";
+  }
 }
 
 TEST(Ops, BadArgumentsFailOnlyTheCallerAndTheCommStaysUsable) {

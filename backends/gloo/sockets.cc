@@ -1,0 +1,47 @@
+#include "sockets.h"
+
+#include <dirent.h>
+#include <netinet/in.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace comms::gloo_backend {
+
+bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  }
+  return false;
+}
+
+void for_each_socket_bound_to(const std::vector<sockaddr_storage>& locals,
+                              const std::function<void(int fd, size_t index)>& fn) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
+    for (size_t i = 0; i < locals.size(); ++i) {
+      if (same_endpoint(ss, locals[i])) {
+        fn(static_cast<int>(fd), i);
+        break;
+      }
+    }
+  }
+  closedir(dir);
+}
+
+}  // namespace comms::gloo_backend

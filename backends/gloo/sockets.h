@@ -1,0 +1,20 @@
+// Finding the sockets behind Gloo's pairs. Gloo keeps its file descriptors
+// private; abort() shuts them down and the sync mesh spins on them, so both
+// find them by the pair's local address among this process's descriptors.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <functional>
+#include <vector>
+
+namespace comms::gloo_backend {
+
+bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b);
+
+// Calls fn(fd, index) for every socket of this process whose local address
+// is locals[index].
+void for_each_socket_bound_to(const std::vector<sockaddr_storage>& locals,
+                              const std::function<void(int fd, size_t index)>& fn);
+
+}  // namespace comms::gloo_backend

@@ -1,0 +1,192 @@
+#include "sync_mesh.h"
+
+#include <sched.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/address.h>
+
+#include "algorithms.h"
+#include "sockets.h"
+
+namespace comms::gloo_backend {
+
+SyncMesh::SyncMesh(std::shared_ptr<::gloo::Context> mesh, std::chrono::microseconds spin)
+    : mesh_(std::move(mesh)),
+      spin_us_(spin.count()),
+      rank_(mesh_->rank),
+      size_(mesh_->size),
+      left_((rank_ + size_ - 1) % size_),
+      right_((rank_ + 1) % size_),
+      base_slot_(mesh_->nextSlot(kKinds * size_)),
+      fds_(static_cast<size_t>(size_), -1),
+      gathered_(kGatherReduceMaxBytes),
+      broadcast_(kSyncPathMaxBytes),
+      tokens_(static_cast<size_t>(size_) + 1),
+      staging_(kPieceBytes),
+      gather_send_(static_cast<size_t>(size_)),
+      gather_recv_(static_cast<size_t>(size_)),
+      broadcast_send_(static_cast<size_t>(size_)),
+      broadcast_recv_(static_cast<size_t>(size_)),
+      token_send_(static_cast<size_t>(size_)),
+      token_recv_(static_cast<size_t>(size_)) {
+  std::vector<sockaddr_storage> locals;
+  std::vector<int> ranks;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    auto& pair = mesh_->getPair(p);
+    const auto i = static_cast<size_t>(p);
+    gather_send_[i] = pair->createSendBuffer(slot(kGather, rank_), gathered_.data(), gathered_.size());
+    gather_recv_[i] = pair->createRecvBuffer(slot(kGather, p), gathered_.data(), gathered_.size());
+    broadcast_send_[i] = pair->createSendBuffer(slot(kBroadcast, rank_), broadcast_.data(), broadcast_.size());
+    broadcast_recv_[i] = pair->createRecvBuffer(slot(kBroadcast, p), broadcast_.data(), broadcast_.size());
+    token_send_[i] = pair->createSendBuffer(slot(kBarrier, rank_), tokens_.data() + size_, 1);
+    token_recv_[i] = pair->createRecvBuffer(slot(kBarrier, p), tokens_.data() + p, 1);
+    locals.push_back(static_cast<const ::gloo::transport::tcp::Address&>(pair->address()).getSockaddr());
+    ranks.push_back(p);
+  }
+  staging_recv_ = mesh_->getPair(left_)->createRecvBuffer(slot(kRingStaging, left_), staging_.data(), kPieceBytes);
+  for_each_socket_bound_to(locals, [&](int fd, size_t i) { fds_[static_cast<size_t>(ranks[i])] = fd; });
+}
+
+SyncMesh::~SyncMesh() = default;
+
+void SyncMesh::await(int peer) {
+  const int fd = fds_[static_cast<size_t>(peer)];
+  const int64_t spin_us = spin_us_.load(std::memory_order_relaxed);
+  if (fd < 0 || spin_us <= 0) return;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+  char byte;
+  for (;;) {
+    // Data, end of stream or an error: Gloo's read takes it from here.
+    if (::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) != -1 || (errno != EAGAIN && errno != EINTR)) return;
+    if (std::chrono::steady_clock::now() >= deadline) return;
+    // A peer woken onto this core (loopback wake-ups favour the waker's
+    // core) runs now instead of after the spin.
+    sched_yield();
+  }
+}
+
+void SyncMesh::all_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+  if (count * es * static_cast<size_t>(size_) <= kGatherReduceMaxBytes) {
+    gather_reduce(in, out, count, es, fn);
+  } else {
+    ring(in, out, count, es, fn);
+  }
+}
+
+void SyncMesh::gather_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+  const size_t bytes = count * es;
+  unsigned char* g = gathered_.data();
+  std::memcpy(g + static_cast<size_t>(rank_) * bytes, in, bytes);
+  // Start with the right neighbour so that not every rank writes to rank 0 first.
+  for (int k = 1; k < size_; ++k) {
+    auto& send = gather_send_[static_cast<size_t>((rank_ + k) % size_)];
+    send->send(static_cast<size_t>(rank_) * bytes, bytes, static_cast<size_t>(rank_) * bytes);
+    send->waitSend();
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ - k + size_) % size_;
+    await(p);
+    gather_recv_[static_cast<size_t>(p)]->waitRecv();
+  }
+  // Rank order, whatever this rank's own: the same bits everywhere.
+  fn(out, g, g + bytes, count);
+  for (int r = 2; r < size_; ++r) fn(out, out, g + static_cast<size_t>(r) * bytes, count);
+}
+
+void SyncMesh::broadcast(const void* in, void* out, size_t bytes, int root) {
+  if (rank_ == root) {
+    std::memcpy(broadcast_.data(), in, bytes);
+    for (int k = 1; k < size_; ++k) {
+      auto& send = broadcast_send_[static_cast<size_t>((rank_ + k) % size_)];
+      send->send(0, bytes, 0);
+      send->waitSend();
+    }
+    if (out != in) std::memcpy(out, in, bytes);
+    return;
+  }
+  await(root);
+  broadcast_recv_[static_cast<size_t>(root)]->waitRecv();
+  std::memcpy(out, broadcast_.data(), bytes);
+}
+
+void SyncMesh::barrier() {
+  for (int k = 1; k < size_; ++k) {
+    auto& send = token_send_[static_cast<size_t>((rank_ + k) % size_)];
+    send->send();
+    send->waitSend();
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ - k + size_) % size_;
+    await(p);
+    token_recv_[static_cast<size_t>(p)]->waitRecv();
+  }
+}
+
+void SyncMesh::ring(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+  const int n = size_;
+  const int me = rank_;
+  const size_t bytes = count * es;
+  auto* in_bytes = static_cast<unsigned char*>(const_cast<void*>(in));
+  auto* out_bytes = static_cast<unsigned char*>(out);
+
+  auto output_recv = mesh_->getPair(left_)->createRecvBuffer(slot(kRingOutput, left_), out, bytes);
+  auto& to_right = mesh_->getPair(right_);
+  auto input_to_staging = to_right->createSendBuffer(slot(kRingStaging, me), in_bytes, bytes);
+  auto output_to_staging = to_right->createSendBuffer(slot(kRingStaging, me), out_bytes, bytes);
+  auto output_to_output = to_right->createSendBuffer(slot(kRingOutput, me), out_bytes, bytes);
+
+  // Segment k is elements [k * seg, (k + 1) * seg) clipped to count; both
+  // ends of a link compute the same pieces, so empty ones are skipped alike.
+  const size_t seg = (count + static_cast<size_t>(n) - 1) / static_cast<size_t>(n);
+  const size_t piece = kPieceBytes / es;
+  const size_t pieces = (seg + piece - 1) / piece;
+  auto span = [&](int segment, size_t j) {
+    const size_t first = static_cast<size_t>(segment) * seg;
+    const size_t begin = std::min(count, first + j * piece);
+    const size_t end = std::min({count, first + (j + 1) * piece, first + seg});
+    return std::pair<size_t, size_t>{begin * es, (std::max(end, begin) - begin) * es};
+  };
+
+  // Reduce-scatter: at step s send segment me - s (own input at s = 0, the
+  // partial result after), receive segment me - s - 1 and add own input.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = (me - s + n) % n;
+    const int recv_seg = (me - s - 1 + 2 * n) % n;
+    auto& source = s == 0 ? input_to_staging : output_to_staging;
+    for (size_t j = 0; j < pieces; ++j) {
+      if (auto [off, len] = span(send_seg, j); len) {
+        source->send(off, len, 0);
+        source->waitSend();
+      }
+      if (auto [off, len] = span(recv_seg, j); len) {
+        await(left_);
+        staging_recv_->waitRecv();
+        fn(out_bytes + off, in_bytes + off, staging_.data(), len / es);
+      }
+    }
+  }
+  // All-gather: this rank now holds the reduced segment me + 1; pass
+  // segments on, each landing directly in the right neighbour's output.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = (me + 1 - s + n) % n;
+    const int recv_seg = (me - s + n) % n;
+    for (size_t j = 0; j < pieces; ++j) {
+      if (auto [off, len] = span(send_seg, j); len) {
+        output_to_output->send(off, len, off);
+        output_to_output->waitSend();
+      }
+      if (auto [off, len] = span(recv_seg, j); len) {
+        await(left_);
+        output_recv->waitRecv();
+      }
+    }
+  }
+}
+
+}  // namespace comms::gloo_backend

@@ -1,0 +1,80 @@
+// The collectives of the sync mesh, whose Gloo pairs are in synchronous
+// mode: the calling thread does every read, write and reduction, with no
+// hand-off to Gloo's event-loop thread. algorithms.h says which op runs here.
+//
+//  - all_reduce up to kGatherReduceMaxBytes gathered: every rank sends its
+//    buffer to every other and reduces all of them locally in rank order,
+//    so one message latency and the same bits on every rank;
+//  - larger all_reduce: a pipelined ring. The message is cut into `size`
+//    segments and each segment into kPieceBytes pieces; a reduce-scatter and
+//    an all-gather move one piece per step, so reducing a piece overlaps the
+//    neighbours' transfers. Every element is reduced once, then gathered;
+//  - broadcast up to kSyncPathMaxBytes: the root sends to every rank;
+//  - barrier: a token from every rank to every other.
+//
+// Sync pairs write with blocking writes. A rank writes at most one message
+// per peer (ring: one piece) before reading, so a link never needs more than
+// two unread messages buffered; size_send_buffers makes the kernel hold more.
+//
+// Waiting: a read first spins on its socket (recv with MSG_PEEK) for up to
+// `spin`, then blocks in Gloo's read, so a fast peer costs no wake-up and a
+// slow one no core.
+//
+// Gloo's buffers name a slot, and destroying any buffer, a send buffer too,
+// unregisters that slot on its pair. Slots here name the sender, so a rank's
+// send buffers never share a slot with its receive buffers on one pair and
+// the persistent receive buffers outlive per-op send buffers. Only the
+// calling thread reads a sync pair, so a receive buffer registered at the
+// start of an op is in place before any of its messages is read.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include <gloo/context.h>
+#include <gloo/transport/buffer.h>
+
+#include "reductions.h"
+
+namespace comms::gloo_backend {
+
+class SyncMesh {
+ public:
+  static constexpr size_t kPieceBytes = 128 * 1024;
+
+  // Collective: every rank constructs it at the same point of the mesh's
+  // life, since it reserves slots. Pairs must be in sync mode.
+  SyncMesh(std::shared_ptr<::gloo::Context> mesh, std::chrono::microseconds spin);
+  ~SyncMesh();
+  SyncMesh(const SyncMesh&) = delete;
+  SyncMesh& operator=(const SyncMesh&) = delete;
+
+  // out = reduction over ranks of in (in may equal out).
+  void all_reduce(const void* in, void* out, size_t count, size_t element_size, ReduceFn fn);
+  // bytes <= kSyncPathMaxBytes. The root sends `in`; every rank gets `out`.
+  void broadcast(const void* in, void* out, size_t bytes, int root);
+  void barrier();
+  // May change while another thread runs an op.
+  void set_spin(std::chrono::microseconds spin) { spin_us_ = spin.count(); }
+
+ private:
+  enum Kind { kGather, kBroadcast, kBarrier, kRingStaging, kRingOutput, kKinds };
+  int slot(Kind kind, int sender) const { return base_slot_ + kind * size_ + sender; }
+  void await(int peer);  // spin until peer's next message is readable, or the spin budget ends
+  void gather_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn);
+  void ring(const void* in, void* out, size_t count, size_t es, ReduceFn fn);
+
+  using BufferPtr = std::unique_ptr<::gloo::transport::Buffer>;
+  std::shared_ptr<::gloo::Context> mesh_;
+  std::atomic<int64_t> spin_us_;
+  int rank_, size_, left_, right_, base_slot_;
+  std::vector<int> fds_;  // per rank; -1: not found, so no spinning on it
+  std::vector<unsigned char> gathered_, broadcast_, tokens_, staging_;
+  std::vector<BufferPtr> gather_send_, gather_recv_, broadcast_send_, broadcast_recv_, token_send_, token_recv_;
+  BufferPtr staging_recv_;  // ring pieces to reduce, from left
+};
+
+}  // namespace comms::gloo_backend
