@@ -1,17 +1,19 @@
 // Which Gloo algorithm runs each op. One function, used by the backend and by
 // comms-bench's raw-Gloo baseline, so the baseline times the same algorithm.
 //
-// all_reduce, small broadcast and barrier run on a mesh of synchronous pairs
-// (the calling thread reads its own socket), with algorithms of our own on
-// Gloo's transport (sync_mesh.h):
-//   all_reduce up to 64 KiB gathered (size x message): every rank sends its
-//     buffer to every other and reduces locally in rank order;
+// Small collectives, every all_reduce, and barrier run on a mesh of
+// synchronous pairs (the calling thread reads its own socket), with
+// algorithms of our own on Gloo's transport (sync_mesh.h):
+//   all_reduce, reduce, all_gather, reduce_scatter, all_to_all, gather and
+//     scatter up to 64 KiB summed over ranks (size x count x element):
+//     one direct exchange, reductions local and in rank order;
 //   all_reduce above that: a pipelined ring;
 //   broadcast up to 256 KiB: the root sends to every rank;
 //   barrier: a token from every rank to every other.
 // Everything else runs Gloo's options-style collectives on the async mesh
 // (allreduce's ring, broadcast, allgather(v), alltoall(v), gather, scatter,
-// reduce; reduce_scatter as alltoall plus a local reduction).
+// reduce; reduce_scatter as alltoall plus a local reduction), as do ops
+// with a timeout other than the comm's.
 #pragma once
 
 #include <sched.h>
@@ -25,18 +27,26 @@
 namespace comms::gloo_backend {
 
 inline constexpr size_t kSyncPathMaxBytes = 256 * 1024;
-inline constexpr size_t kGatherReduceMaxBytes = 64 * 1024;
+inline constexpr size_t kExchangeMaxBytes = 64 * 1024;
 
-enum class SyncAlgorithm : uint8_t { kNone, kGatherReduce, kPipelinedRing, kBroadcast, kBarrier };
+enum class SyncAlgorithm : uint8_t { kNone, kExchange, kPipelinedRing, kBroadcast, kBarrier };
 
+// bytes: the op's per-rank count (all_to_all: per block) times the element size.
 constexpr SyncAlgorithm sync_algorithm_for(plugin::OpType type, size_t bytes, int size) {
+  const bool exchange_fits = bytes != 0 && bytes * static_cast<size_t>(size) <= kExchangeMaxBytes;
   switch (type) {
     case plugin::OpType::kBarrier:
       return SyncAlgorithm::kBarrier;
     case plugin::OpType::kAllReduce:
       if (bytes == 0) return SyncAlgorithm::kNone;
-      return bytes * static_cast<size_t>(size) <= kGatherReduceMaxBytes ? SyncAlgorithm::kGatherReduce
-                                                                        : SyncAlgorithm::kPipelinedRing;
+      return exchange_fits ? SyncAlgorithm::kExchange : SyncAlgorithm::kPipelinedRing;
+    case plugin::OpType::kReduce:
+    case plugin::OpType::kAllGather:
+    case plugin::OpType::kReduceScatter:
+    case plugin::OpType::kAllToAll:
+    case plugin::OpType::kGather:
+    case plugin::OpType::kScatter:
+      return exchange_fits ? SyncAlgorithm::kExchange : SyncAlgorithm::kNone;
     case plugin::OpType::kBroadcast:
       return bytes == 0 || bytes > kSyncPathMaxBytes ? SyncAlgorithm::kNone : SyncAlgorithm::kBroadcast;
     default:
@@ -46,7 +56,15 @@ constexpr SyncAlgorithm sync_algorithm_for(plugin::OpType type, size_t bytes, in
 
 constexpr std::string_view algorithm_name(plugin::OpType type, SyncAlgorithm a) {
   switch (a) {
-    case SyncAlgorithm::kGatherReduce: return "sync exchange + local reduce";
+    case SyncAlgorithm::kExchange:
+      switch (type) {
+        case plugin::OpType::kAllReduce:
+        case plugin::OpType::kReduceScatter: return "sync exchange + local reduce";
+        case plugin::OpType::kReduce: return "sync gather to root + local reduce";
+        case plugin::OpType::kGather: return "sync gather to root";
+        case plugin::OpType::kScatter: return "sync scatter from root";
+        default: return "sync exchange";
+      }
     case SyncAlgorithm::kPipelinedRing: return "sync pipelined ring";
     case SyncAlgorithm::kBroadcast: return "sync broadcast from root";
     case SyncAlgorithm::kBarrier: return "sync token exchange";

@@ -328,16 +328,33 @@ bool GlooBackend::fast_path_fits(const plugin::OpDesc& op) const {
 
 void GlooBackend::run_fast(const plugin::OpDesc& op) {
   const size_t es = element_size(op.dtype);
+  const size_t bytes = op.count * es;
+  const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
   switch (op.type) {
     case OpType::kBarrier:
-      sync_->barrier();
-      return;
+      return sync_->barrier();
     case OpType::kBroadcast:
-      sync_->broadcast(op.input, op.output, op.count * es, op.root);
+      return sync_->broadcast(op.input, op.output, bytes, op.root);
+    case OpType::kAllReduce:
+      sync_->all_reduce(op.input, op.output, op.count, es, fn);
+      return finish_reduction(op, op.output, op.count);
+    case OpType::kReduce:
+      sync_->reduce(op.input, op.output, op.count, es, fn, op.root);
+      if (init_.rank == op.root) finish_reduction(op, op.output, op.count);
       return;
+    case OpType::kReduceScatter:
+      sync_->reduce_scatter(op.input, op.output, op.count, es, fn);
+      return finish_reduction(op, op.output, op.count);
+    case OpType::kAllGather:
+      return sync_->all_gather(op.input, op.output, bytes);
+    case OpType::kAllToAll:
+      return sync_->all_to_all(op.input, op.output, bytes);
+    case OpType::kGather:
+      return sync_->gather(op.input, op.output, bytes, op.root);
+    case OpType::kScatter:
+      return sync_->scatter(op.input, op.output, bytes, op.root);
     default:
-      sync_->all_reduce(op.input, op.output, op.count, es, reduce_fn(op.dtype, op.reduce.kind));
-      finish_reduction(op, op.output, op.count);
+      throw std::logic_error("no sync-mesh algorithm for this op");
   }
 }
 

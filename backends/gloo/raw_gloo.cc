@@ -75,7 +75,7 @@ Native native_algorithm(OpType type, size_t bytes, int size) {
       return Native::kBarrierAllToAll;
     case OpType::kAllReduce:
       if (bytes == 0 || bytes > kSyncPathMaxBytes) return Native::kNone;
-      return bytes * static_cast<size_t>(size) <= kGatherReduceMaxBytes ? Native::kAllgatherRing
+      return bytes * static_cast<size_t>(size) <= kExchangeMaxBytes ? Native::kAllgatherRing
                                                                         : Native::kAllreduceRing;
     case OpType::kBroadcast:
       return bytes == 0 || bytes > kSyncPathMaxBytes ? Native::kNone : Native::kBroadcastOneToAll;
@@ -161,9 +161,21 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
   auto* out = type == OpType::kBroadcast ? in : static_cast<uint8_t*>(output);
   if (!im.native) {
     switch (sync_algorithm_for(type, bytes, im.size)) {
-      case SyncAlgorithm::kGatherReduce:
       case SyncAlgorithm::kPipelinedRing:
         return im.mesh->all_reduce(in, out, count, es, reduce_fn(dtype, kind));
+      case SyncAlgorithm::kExchange:
+        switch (type) {
+          case OpType::kAllReduce: return im.mesh->all_reduce(in, out, count, es, reduce_fn(dtype, kind));
+          case OpType::kReduce: return im.mesh->reduce(in, out, count, es, reduce_fn(dtype, kind), root);
+          case OpType::kReduceScatter:
+            return im.mesh->reduce_scatter(in, out, count, es, reduce_fn(dtype, kind));
+          case OpType::kAllGather: return im.mesh->all_gather(in, out, bytes);
+          case OpType::kAllToAll: return im.mesh->all_to_all(in, out, bytes);
+          case OpType::kGather: return im.mesh->gather(in, out, bytes, root);
+          case OpType::kScatter: return im.mesh->scatter(in, out, bytes, root);
+          default: break;
+        }
+        break;
       case SyncAlgorithm::kBroadcast:
         return im.mesh->broadcast(in, out, bytes, root);
       case SyncAlgorithm::kBarrier:

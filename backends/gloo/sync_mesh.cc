@@ -24,12 +24,13 @@ SyncMesh::SyncMesh(std::shared_ptr<::gloo::Context> mesh, std::chrono::microseco
       right_((rank_ + 1) % size_),
       base_slot_(mesh_->nextSlot(kKinds * size_)),
       fds_(static_cast<size_t>(size_), -1),
-      gathered_(kGatherReduceMaxBytes),
+      inbox_(kExchangeMaxBytes),
+      outbox_(kExchangeMaxBytes),
       broadcast_(kSyncPathMaxBytes),
       tokens_(static_cast<size_t>(size_) + 1),
       staging_(kPieceBytes),
-      gather_send_(static_cast<size_t>(size_)),
-      gather_recv_(static_cast<size_t>(size_)),
+      outbox_send_(static_cast<size_t>(size_)),
+      inbox_recv_(static_cast<size_t>(size_)),
       broadcast_send_(static_cast<size_t>(size_)),
       broadcast_recv_(static_cast<size_t>(size_)),
       token_send_(static_cast<size_t>(size_)),
@@ -40,8 +41,8 @@ SyncMesh::SyncMesh(std::shared_ptr<::gloo::Context> mesh, std::chrono::microseco
     if (p == rank_) continue;
     auto& pair = mesh_->getPair(p);
     const auto i = static_cast<size_t>(p);
-    gather_send_[i] = pair->createSendBuffer(slot(kGather, rank_), gathered_.data(), gathered_.size());
-    gather_recv_[i] = pair->createRecvBuffer(slot(kGather, p), gathered_.data(), gathered_.size());
+    outbox_send_[i] = pair->createSendBuffer(slot(kExchange, rank_), outbox_.data(), outbox_.size());
+    inbox_recv_[i] = pair->createRecvBuffer(slot(kExchange, p), inbox_.data(), inbox_.size());
     broadcast_send_[i] = pair->createSendBuffer(slot(kBroadcast, rank_), broadcast_.data(), broadcast_.size());
     broadcast_recv_[i] = pair->createRecvBuffer(slot(kBroadcast, p), broadcast_.data(), broadcast_.size());
     token_send_[i] = pair->createSendBuffer(slot(kBarrier, rank_), tokens_.data() + size_, 1);
@@ -71,32 +72,101 @@ void SyncMesh::await(int peer) {
   }
 }
 
-void SyncMesh::all_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
-  if (count * es * static_cast<size_t>(size_) <= kGatherReduceMaxBytes) {
-    gather_reduce(in, out, count, es, fn);
-  } else {
-    ring(in, out, count, es, fn);
-  }
+void SyncMesh::post(int peer, size_t offset, size_t bytes) {
+  auto& send = outbox_send_[static_cast<size_t>(peer)];
+  send->send(offset, bytes, static_cast<size_t>(rank_) * bytes);
+  send->waitSend();
 }
 
-void SyncMesh::gather_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
-  const size_t bytes = count * es;
-  unsigned char* g = gathered_.data();
-  std::memcpy(g + static_cast<size_t>(rank_) * bytes, in, bytes);
-  // Start with the right neighbour so that not every rank writes to rank 0 first.
-  for (int k = 1; k < size_; ++k) {
-    auto& send = gather_send_[static_cast<size_t>((rank_ + k) % size_)];
-    send->send(static_cast<size_t>(rank_) * bytes, bytes, static_cast<size_t>(rank_) * bytes);
-    send->waitSend();
-  }
-  for (int k = 1; k < size_; ++k) {
-    const int p = (rank_ - k + size_) % size_;
-    await(p);
-    gather_recv_[static_cast<size_t>(p)]->waitRecv();
-  }
+void SyncMesh::take(int peer) {
+  await(peer);
+  inbox_recv_[static_cast<size_t>(peer)]->waitRecv();
+}
+
+const unsigned char* SyncMesh::block(int r, size_t bytes, size_t own_offset) const {
+  return r == rank_ ? outbox_.data() + own_offset : inbox_.data() + static_cast<size_t>(r) * bytes;
+}
+
+void SyncMesh::reduce_blocks(void* out, size_t count, size_t es, ReduceFn fn, size_t own_offset) const {
   // Rank order, whatever this rank's own: the same bits everywhere.
-  fn(out, g, g + bytes, count);
-  for (int r = 2; r < size_; ++r) fn(out, out, g + static_cast<size_t>(r) * bytes, count);
+  const size_t bytes = count * es;
+  fn(out, block(0, bytes, own_offset), block(1, bytes, own_offset), count);
+  for (int r = 2; r < size_; ++r) fn(out, out, block(r, bytes, own_offset), count);
+}
+
+// Every exchange writes to all peers first, then reads: the writes, at most
+// kExchangeMaxBytes per peer, fit the sized send buffers, so none blocks on
+// a peer that is itself writing. Peers are visited starting with the right
+// neighbour so that not every rank writes to rank 0 first.
+
+void SyncMesh::all_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+  const size_t bytes = count * es;
+  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring(in, out, count, es, fn);
+  std::memcpy(outbox_.data(), in, bytes);
+  for (int k = 1; k < size_; ++k) post((rank_ + k) % size_, 0, bytes);
+  for (int k = 1; k < size_; ++k) take((rank_ - k + size_) % size_);
+  reduce_blocks(out, count, es, fn, 0);
+}
+
+void SyncMesh::reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn, int root) {
+  const size_t bytes = count * es;
+  std::memcpy(outbox_.data(), in, bytes);
+  if (rank_ != root) return post(root, 0, bytes);
+  for (int k = 1; k < size_; ++k) take((rank_ - k + size_) % size_);
+  reduce_blocks(out, count, es, fn, 0);
+}
+
+void SyncMesh::all_gather(const void* in, void* out, size_t bytes) {
+  std::memcpy(outbox_.data(), in, bytes);
+  for (int k = 1; k < size_; ++k) post((rank_ + k) % size_, 0, bytes);
+  for (int k = 1; k < size_; ++k) take((rank_ - k + size_) % size_);
+  auto* o = static_cast<unsigned char*>(out);
+  for (int r = 0; r < size_; ++r) std::memmove(o + static_cast<size_t>(r) * bytes, block(r, bytes, 0), bytes);
+}
+
+void SyncMesh::reduce_scatter(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+  const size_t bytes = count * es;
+  std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + k) % size_;
+    post(p, static_cast<size_t>(p) * bytes, bytes);  // the block p reduces
+  }
+  for (int k = 1; k < size_; ++k) take((rank_ - k + size_) % size_);
+  reduce_blocks(out, count, es, fn, static_cast<size_t>(rank_) * bytes);
+}
+
+void SyncMesh::all_to_all(const void* in, void* out, size_t bytes) {
+  std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + k) % size_;
+    post(p, static_cast<size_t>(p) * bytes, bytes);
+  }
+  for (int k = 1; k < size_; ++k) take((rank_ - k + size_) % size_);
+  auto* o = static_cast<unsigned char*>(out);
+  const size_t own = static_cast<size_t>(rank_) * bytes;
+  for (int r = 0; r < size_; ++r) std::memcpy(o + static_cast<size_t>(r) * bytes, block(r, bytes, own), bytes);
+}
+
+void SyncMesh::gather(const void* in, void* out, size_t bytes, int root) {
+  std::memcpy(outbox_.data(), in, bytes);
+  if (rank_ != root) return post(root, 0, bytes);
+  for (int k = 1; k < size_; ++k) take((rank_ - k + size_) % size_);
+  auto* o = static_cast<unsigned char*>(out);
+  for (int r = 0; r < size_; ++r) std::memmove(o + static_cast<size_t>(r) * bytes, block(r, bytes, 0), bytes);
+}
+
+void SyncMesh::scatter(const void* in, void* out, size_t bytes, int root) {
+  if (rank_ == root) {
+    std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
+    for (int k = 1; k < size_; ++k) {
+      const int p = (rank_ + k) % size_;
+      post(p, static_cast<size_t>(p) * bytes, bytes);
+    }
+    std::memmove(out, outbox_.data() + static_cast<size_t>(rank_) * bytes, bytes);
+    return;
+  }
+  take(root);
+  std::memcpy(out, inbox_.data() + static_cast<size_t>(root) * bytes, bytes);
 }
 
 void SyncMesh::broadcast(const void* in, void* out, size_t bytes, int root) {

@@ -2,9 +2,11 @@
 // mode: the calling thread does every read, write and reduction, with no
 // hand-off to Gloo's event-loop thread. algorithms.h says which op runs here.
 //
-//  - all_reduce up to kGatherReduceMaxBytes gathered: every rank sends its
-//    buffer to every other and reduces all of them locally in rank order,
-//    so one message latency and the same bits on every rank;
+//  - every collective whose data, summed over ranks, fits kExchangeMaxBytes
+//    (all_reduce, reduce, all_gather, reduce_scatter, all_to_all, gather,
+//    scatter): one direct exchange, each rank writing each peer its block and
+//    reading each peer's, so one message latency; reductions run locally in
+//    rank order, so every rank gets the same bits;
 //  - larger all_reduce: a pipelined ring. The message is cut into `size`
 //    segments and each segment into kPieceBytes pieces; a reduce-scatter and
 //    an all-gather move one piece per step, so reducing a piece overlaps the
@@ -52,8 +54,18 @@ class SyncMesh {
   SyncMesh(const SyncMesh&) = delete;
   SyncMesh& operator=(const SyncMesh&) = delete;
 
+  // Counts and in-place conventions as in plugin::OpDesc; `count` is per
+  // rank (all_to_all: per block), and count * element_size * size must fit
+  // kExchangeMaxBytes for all but all_reduce.
   // out = reduction over ranks of in (in may equal out).
   void all_reduce(const void* in, void* out, size_t count, size_t element_size, ReduceFn fn);
+  // Only the root's out is written.
+  void reduce(const void* in, void* out, size_t count, size_t element_size, ReduceFn fn, int root);
+  void all_gather(const void* in, void* out, size_t bytes);
+  void reduce_scatter(const void* in, void* out, size_t count, size_t element_size, ReduceFn fn);
+  void all_to_all(const void* in, void* out, size_t block_bytes);
+  void gather(const void* in, void* out, size_t bytes, int root);
+  void scatter(const void* in, void* out, size_t bytes, int root);
   // bytes <= kSyncPathMaxBytes. The root sends `in`; every rank gets `out`.
   void broadcast(const void* in, void* out, size_t bytes, int root);
   void barrier();
@@ -61,10 +73,16 @@ class SyncMesh {
   void set_spin(std::chrono::microseconds spin) { spin_us_ = spin.count(); }
 
  private:
-  enum Kind { kGather, kBroadcast, kBarrier, kRingStaging, kRingOutput, kKinds };
+  enum Kind { kExchange, kBroadcast, kBarrier, kRingStaging, kRingOutput, kKinds };
   int slot(Kind kind, int sender) const { return base_slot_ + kind * size_ + sender; }
   void await(int peer);  // spin until peer's next message is readable, or the spin budget ends
-  void gather_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn);
+  // Writes outbox_[offset, offset + bytes) to peer's inbox at this rank's
+  // slot (rank * bytes), and reads peer's next message into inbox_.
+  void post(int peer, size_t offset, size_t bytes);
+  void take(int peer);
+  // Block r of the exchange: inbox_'s, or this rank's own copy in outbox_.
+  const unsigned char* block(int r, size_t bytes, size_t own_offset) const;
+  void reduce_blocks(void* out, size_t count, size_t es, ReduceFn fn, size_t own_offset) const;
   void ring(const void* in, void* out, size_t count, size_t es, ReduceFn fn);
 
   using BufferPtr = std::unique_ptr<::gloo::transport::Buffer>;
@@ -72,8 +90,8 @@ class SyncMesh {
   std::atomic<int64_t> spin_us_;
   int rank_, size_, left_, right_, base_slot_;
   std::vector<int> fds_;  // per rank; -1: not found, so no spinning on it
-  std::vector<unsigned char> gathered_, broadcast_, tokens_, staging_;
-  std::vector<BufferPtr> gather_send_, gather_recv_, broadcast_send_, broadcast_recv_, token_send_, token_recv_;
+  std::vector<unsigned char> inbox_, outbox_, broadcast_, tokens_, staging_;
+  std::vector<BufferPtr> outbox_send_, inbox_recv_, broadcast_send_, broadcast_recv_, token_send_, token_recv_;
   BufferPtr staging_recv_;  // ring pieces to reduce, from left
 };
 
