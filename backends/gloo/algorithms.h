@@ -7,7 +7,7 @@
 //   all_reduce, reduce, all_gather, reduce_scatter, all_to_all, gather and
 //     scatter up to 64 KiB summed over ranks (size x count x element):
 //     one direct exchange, reductions local and in rank order;
-//   all_reduce above that: a pipelined ring;
+//   all_reduce, reduce_scatter and all_gather above that: a pipelined ring;
 //   broadcast up to 256 KiB: the root sends to every rank;
 //   barrier: a token from every rank to every other.
 // Everything else runs Gloo's options-style collectives on the async mesh
@@ -40,9 +40,11 @@ constexpr SyncAlgorithm sync_algorithm_for(plugin::OpType type, size_t bytes, in
     case plugin::OpType::kAllReduce:
       if (bytes == 0) return SyncAlgorithm::kNone;
       return exchange_fits ? SyncAlgorithm::kExchange : SyncAlgorithm::kPipelinedRing;
-    case plugin::OpType::kReduce:
     case plugin::OpType::kAllGather:
     case plugin::OpType::kReduceScatter:
+      if (bytes == 0) return SyncAlgorithm::kNone;
+      return exchange_fits ? SyncAlgorithm::kExchange : SyncAlgorithm::kPipelinedRing;
+    case plugin::OpType::kReduce:
     case plugin::OpType::kAllToAll:
     case plugin::OpType::kGather:
     case plugin::OpType::kScatter:

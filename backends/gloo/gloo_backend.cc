@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -868,7 +869,25 @@ Status resolve_config(const Hints& hints, int local_size, int size,
   return {};
 }
 
+// Gloo writes with writev(2), which cannot pass MSG_NOSIGNAL, so a write to
+// a peer that has closed raises SIGPIPE, whose default kills the process
+// instead of letting the op fail with peer_failure. Ignore it when it is at
+// its default, as Python does; a handler the program installed stays.
+void ignore_default_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
+
 Status create_backend(const plugin::BackendInit& init, std::unique_ptr<plugin::Backend>* out) {
+  ignore_default_sigpipe();
   GlooConfig cfg;
   Status s = resolve_config(init.hints, init.local_size, init.size, init.store_local_address, &cfg);
   if (!s.is_ok()) return s;

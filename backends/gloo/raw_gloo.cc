@@ -162,7 +162,6 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
   if (!im.native) {
     switch (sync_algorithm_for(type, bytes, im.size)) {
       case SyncAlgorithm::kPipelinedRing:
-        return im.mesh->all_reduce(in, out, count, es, reduce_fn(dtype, kind));
       case SyncAlgorithm::kExchange:
         switch (type) {
           case OpType::kAllReduce: return im.mesh->all_reduce(in, out, count, es, reduce_fn(dtype, kind));

@@ -117,6 +117,7 @@ void SyncMesh::reduce(const void* in, void* out, size_t count, size_t es, Reduce
 }
 
 void SyncMesh::all_gather(const void* in, void* out, size_t bytes) {
+  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring_all_gather(in, out, bytes);
   std::memcpy(outbox_.data(), in, bytes);
   for (int k = 1; k < size_; ++k) post((rank_ + k) % size_, 0, bytes);
   for (int k = 1; k < size_; ++k) take((rank_ - k + size_) % size_);
@@ -126,6 +127,7 @@ void SyncMesh::all_gather(const void* in, void* out, size_t bytes) {
 
 void SyncMesh::reduce_scatter(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
   const size_t bytes = count * es;
+  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring_reduce_scatter(in, out, count, es, fn);
   std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
   for (int k = 1; k < size_; ++k) {
     const int p = (rank_ + k) % size_;
@@ -198,30 +200,31 @@ void SyncMesh::barrier() {
   }
 }
 
+SyncMesh::Layout::Layout(size_t count, size_t es, int n)
+    : count(count),
+      es(es),
+      seg((count + static_cast<size_t>(n) - 1) / static_cast<size_t>(n)),
+      piece(kPieceBytes / es),
+      pieces((seg + piece - 1) / piece) {}
+
+// Segment k is elements [k * seg, (k + 1) * seg) clipped to count; both ends
+// of a link compute the same pieces, so empty ones are skipped alike.
+std::pair<size_t, size_t> SyncMesh::Layout::span(int segment, size_t j) const {
+  const size_t first = static_cast<size_t>(segment) * seg;
+  const size_t begin = std::min(count, first + j * piece);
+  const size_t end = std::min({count, first + (j + 1) * piece, first + seg});
+  return {begin * es, (std::max(end, begin) - begin) * es};
+}
+
 void SyncMesh::ring(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
   const int n = size_;
   const int me = rank_;
-  const size_t bytes = count * es;
+  const Layout layout(count, es, n);
   auto* in_bytes = static_cast<unsigned char*>(const_cast<void*>(in));
   auto* out_bytes = static_cast<unsigned char*>(out);
-
-  auto output_recv = mesh_->getPair(left_)->createRecvBuffer(slot(kRingOutput, left_), out, bytes);
   auto& to_right = mesh_->getPair(right_);
-  auto input_to_staging = to_right->createSendBuffer(slot(kRingStaging, me), in_bytes, bytes);
-  auto output_to_staging = to_right->createSendBuffer(slot(kRingStaging, me), out_bytes, bytes);
-  auto output_to_output = to_right->createSendBuffer(slot(kRingOutput, me), out_bytes, bytes);
-
-  // Segment k is elements [k * seg, (k + 1) * seg) clipped to count; both
-  // ends of a link compute the same pieces, so empty ones are skipped alike.
-  const size_t seg = (count + static_cast<size_t>(n) - 1) / static_cast<size_t>(n);
-  const size_t piece = kPieceBytes / es;
-  const size_t pieces = (seg + piece - 1) / piece;
-  auto span = [&](int segment, size_t j) {
-    const size_t first = static_cast<size_t>(segment) * seg;
-    const size_t begin = std::min(count, first + j * piece);
-    const size_t end = std::min({count, first + (j + 1) * piece, first + seg});
-    return std::pair<size_t, size_t>{begin * es, (std::max(end, begin) - begin) * es};
-  };
+  auto input_to_staging = to_right->createSendBuffer(slot(kRingStaging, me), in_bytes, count * es);
+  auto output_to_staging = to_right->createSendBuffer(slot(kRingStaging, me), out_bytes, count * es);
 
   // Reduce-scatter: at step s send segment me - s (own input at s = 0, the
   // partial result after), receive segment me - s - 1 and add own input.
@@ -229,31 +232,81 @@ void SyncMesh::ring(const void* in, void* out, size_t count, size_t es, ReduceFn
     const int send_seg = (me - s + n) % n;
     const int recv_seg = (me - s - 1 + 2 * n) % n;
     auto& source = s == 0 ? input_to_staging : output_to_staging;
-    for (size_t j = 0; j < pieces; ++j) {
-      if (auto [off, len] = span(send_seg, j); len) {
+    for (size_t j = 0; j < layout.pieces; ++j) {
+      if (auto [off, len] = layout.span(send_seg, j); len) {
         source->send(off, len, 0);
         source->waitSend();
       }
-      if (auto [off, len] = span(recv_seg, j); len) {
+      if (auto [off, len] = layout.span(recv_seg, j); len) {
         await(left_);
         staging_recv_->waitRecv();
         fn(out_bytes + off, in_bytes + off, staging_.data(), len / es);
       }
     }
   }
-  // All-gather: this rank now holds the reduced segment me + 1; pass
-  // segments on, each landing directly in the right neighbour's output.
+  // This rank now holds the reduced segment me + 1.
+  pass_around(out, layout, (me + 1) % n);
+}
+
+void SyncMesh::pass_around(void* out, const Layout& layout, int held) {
+  const int n = size_;
+  const size_t bytes = layout.count * layout.es;
+  auto output_recv = mesh_->getPair(left_)->createRecvBuffer(slot(kRingOutput, left_), out, bytes);
+  auto output_to_output = mesh_->getPair(right_)->createSendBuffer(slot(kRingOutput, rank_), out, bytes);
+  // Step s passes on the segment received at step s - 1 (at s = 0, the one
+  // held), each piece landing directly in the right neighbour's output.
   for (int s = 0; s < n - 1; ++s) {
-    const int send_seg = (me + 1 - s + n) % n;
-    const int recv_seg = (me - s + n) % n;
-    for (size_t j = 0; j < pieces; ++j) {
-      if (auto [off, len] = span(send_seg, j); len) {
+    const int send_seg = (held - s + n) % n;
+    const int recv_seg = (held - s - 1 + 2 * n) % n;
+    for (size_t j = 0; j < layout.pieces; ++j) {
+      if (auto [off, len] = layout.span(send_seg, j); len) {
         output_to_output->send(off, len, off);
         output_to_output->waitSend();
       }
-      if (auto [off, len] = span(recv_seg, j); len) {
+      if (auto [off, len] = layout.span(recv_seg, j); len) {
         await(left_);
         output_recv->waitRecv();
+      }
+    }
+  }
+}
+
+void SyncMesh::ring_all_gather(const void* in, void* out, size_t bytes) {
+  auto* o = static_cast<unsigned char*>(out);
+  std::memmove(o + static_cast<size_t>(rank_) * bytes, in, bytes);
+  pass_around(out, Layout(bytes * static_cast<size_t>(size_), 1, size_), rank_);
+}
+
+void SyncMesh::ring_reduce_scatter(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+  const int n = size_;
+  const int me = rank_;
+  const Layout layout(count * static_cast<size_t>(n), es, n);  // segment k: rank k's block
+  const size_t seg_bytes = layout.seg * es;
+  // Partial sums alternate between two segment-sized halves: a piece written
+  // at step s is sent at step s + 1, before step s + 2 overwrites it.
+  if (partials_.size() < 2 * seg_bytes) partials_.resize(2 * seg_bytes);
+  auto* in_bytes = static_cast<unsigned char*>(const_cast<void*>(in));
+  auto& to_right = mesh_->getPair(right_);
+  auto input_to_staging = to_right->createSendBuffer(slot(kRingStaging, me), in_bytes, layout.count * es);
+  auto partials_to_staging = to_right->createSendBuffer(slot(kRingStaging, me), partials_.data(), 2 * seg_bytes);
+
+  // As the all_reduce ring, shifted so that this rank ends with segment me.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = (me - 1 - s + 2 * n) % n;
+    const int recv_seg = (me - 2 - s + 2 * n) % n;
+    for (size_t j = 0; j < layout.pieces; ++j) {
+      const size_t within = j * layout.piece * es;
+      if (auto [off, len] = layout.span(send_seg, j); len) {
+        if (s == 0) input_to_staging->send(off, len, 0);
+        else partials_to_staging->send(static_cast<size_t>((s - 1) % 2) * seg_bytes + within, len, 0);
+        (s == 0 ? input_to_staging : partials_to_staging)->waitSend();
+      }
+      if (auto [off, len] = layout.span(recv_seg, j); len) {
+        await(left_);
+        staging_recv_->waitRecv();
+        unsigned char* dest = s == n - 2 ? static_cast<unsigned char*>(out) + within
+                                         : partials_.data() + static_cast<size_t>(s % 2) * seg_bytes + within;
+        fn(dest, in_bytes + off, staging_.data(), len / es);
       }
     }
   }

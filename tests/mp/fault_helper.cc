@@ -5,6 +5,9 @@
 //          within the op timeout.
 //   abort  rank 0 aborts its comm while an op is in flight; wait() must
 //          throw kAborted promptly.
+//   close  the last rank finalizes its comm between two all_reduces and
+//          lives on; the others write to reset connections, which must give
+//          them peer_failure.
 //   exit-without-shutdown  groups are created, an async op is left in
 //          flight, and main returns without shutdown: the process must
 //          still exit promptly.
@@ -60,6 +63,28 @@ int main(int argc, char** argv) {
         start = Clock::now();
         world->all_reduce(BufferView::of(x), ReduceOp::max());
       }
+    } catch (const Error& e) {
+      return report(e, start);
+    }
+    std::printf("no error on rank %d\n", world->rank());
+    return 0;
+  }
+  if (mode == "close") {
+    // The other ranks write only once the close has happened (a barrier on a
+    // second comm orders it), so their writes meet a reset connection.
+    auto side = new_comm("cpu:gloo", Device::cpu(), "side");
+    for (int i = 0; i < 20; ++i) world->all_reduce(BufferView::of(x), ReduceOp::sum());
+    if (world->rank() == last) {
+      world->finalize();
+      side->barrier();
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+      return 0;
+    }
+    side->barrier();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the resets arrive
+    const auto start = Clock::now();
+    try {
+      for (int i = 0; i < 100; ++i) world->all_reduce(BufferView::of(x), ReduceOp::sum());
     } catch (const Error& e) {
       return report(e, start);
     }

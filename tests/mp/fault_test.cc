@@ -43,6 +43,19 @@ TEST(Faults, APeerKilledMidOpGivesPeerFailureOnEveryOtherRankAndNoHang) {
   }
 }
 
+TEST(Faults, APeerThatClosesItsCommGivesTheOthersPeerFailure) {
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", FAULT_HELPER, "close"},
+               {{"COMMS_OP_TIMEOUT", "60s"}}, 50s);
+  ASSERT_NE(p.status, -1) << p.output;
+  EXPECT_EQ(p.output.find("killed by signal"), std::string::npos) << p.output;
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 2u) << p.output;
+  for (const auto& rep : r) {
+    EXPECT_EQ(rep.code, "peer_failure") << "rank " << rep.rank << "\n" << p.output;
+    EXPECT_LT(rep.ms, 5000) << "rank " << rep.rank;
+  }
+}
+
 TEST(Faults, APeerThatSkipsAnOpMakesTheOthersTimeOutWithinTheOpTimeout) {
   auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", FAULT_HELPER, "skip"},
                {{"COMMS_OP_TIMEOUT", "2s"}}, 50s);

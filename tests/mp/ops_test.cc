@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -507,6 +508,16 @@ TEST(Ops, LargeAllReduceGivesEveryRankTheSameBits) {
     w.all_gather(BufferView::of(&hash, 1), BufferView::of(hashes));
     for (int r = 0; r < w.size(); ++r) EXPECT_EQ(hashes[r], hash) << "rank " << r << " holds other bits";
   }
+}
+
+// Gloo's writev(2) cannot pass MSG_NOSIGNAL: with SIGPIPE at its default, a
+// write to a connection the peer (or abort) shut down kills the process
+// instead of failing the op. commsrun starts ranks with the default.
+TEST(Ops, AGlooCommIgnoresSigpipeLeftAtItsDefault) {
+  world();
+  struct sigaction now {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
 }
 
 TEST(Ops, BadArgumentsFailOnlyTheCallerAndTheCommStaysUsable) {
