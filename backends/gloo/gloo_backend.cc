@@ -1,7 +1,6 @@
 #include "gloo_backend.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
@@ -20,16 +19,12 @@
 #include <vector>
 
 #include <gloo/allgather.h>
-#include <gloo/allgather_ring.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
-#include <gloo/allreduce_ring.h>
 #include <gloo/alltoall.h>
 #include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
-#include <gloo/barrier_all_to_all.h>
 #include <gloo/broadcast.h>
-#include <gloo/broadcast_one_to_all.h>
 #include <gloo/common/error.h>
 #include <gloo/gather.h>
 #include <gloo/reduce.h>
@@ -301,15 +296,13 @@ Status GlooBackend::init() {
         ranks_of_locals.push_back(r);
       }
     }
-    for (size_t i = 0; i < local_endpoints_.size(); ++i) {
-      for_each_socket_bound_to({local_endpoints_[i]}, [&](int fd, size_t) {
-        sockaddr_storage peer{};
-        socklen_t len = sizeof peer;
-        if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0) {
-          peer_endpoints_.emplace_back(peer, ranks_of_locals[i]);
-        }
-      });
-    }
+    for_each_socket_bound_to(local_endpoints_, [&](int fd, size_t i) {
+      sockaddr_storage peer{};
+      socklen_t len = sizeof peer;
+      if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0) {
+        peer_endpoints_.emplace_back(peer, ranks_of_locals[i]);
+      }
+    });
     return {};
   } catch (const comms::Error& e) {
     return {e.code(), cat({"rendezvous through the store failed: ", e.what()})};
