@@ -7,7 +7,8 @@
 //   all_reduce, reduce, all_gather, reduce_scatter, all_to_all, gather and
 //     scatter up to 64 KiB summed over ranks (size x count x element):
 //     one direct exchange, reductions local and in rank order;
-//   all_reduce, reduce_scatter and all_gather above that: a pipelined ring;
+//   all_reduce, reduce_scatter, all_gather and reduce above that: a
+//     pipelined ring;
 //   broadcast up to 256 KiB: the root sends to every rank;
 //   barrier: a token from every rank to every other.
 // Everything else runs Gloo's options-style collectives on the async mesh
@@ -42,9 +43,9 @@ constexpr SyncAlgorithm sync_algorithm_for(plugin::OpType type, size_t bytes, in
       return exchange_fits ? SyncAlgorithm::kExchange : SyncAlgorithm::kPipelinedRing;
     case plugin::OpType::kAllGather:
     case plugin::OpType::kReduceScatter:
+    case plugin::OpType::kReduce:
       if (bytes == 0) return SyncAlgorithm::kNone;
       return exchange_fits ? SyncAlgorithm::kExchange : SyncAlgorithm::kPipelinedRing;
-    case plugin::OpType::kReduce:
     case plugin::OpType::kAllToAll:
     case plugin::OpType::kGather:
     case plugin::OpType::kScatter:
@@ -67,7 +68,8 @@ constexpr std::string_view algorithm_name(plugin::OpType type, SyncAlgorithm a) 
         case plugin::OpType::kScatter: return "sync scatter from root";
         default: return "sync exchange";
       }
-    case SyncAlgorithm::kPipelinedRing: return "sync pipelined ring";
+    case SyncAlgorithm::kPipelinedRing:
+      return type == plugin::OpType::kReduce ? "sync ring reduce-scatter + gather to root" : "sync pipelined ring";
     case SyncAlgorithm::kBroadcast: return "sync broadcast from root";
     case SyncAlgorithm::kBarrier: return "sync token exchange";
     case SyncAlgorithm::kNone: break;

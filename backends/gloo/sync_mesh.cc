@@ -110,6 +110,7 @@ void SyncMesh::all_reduce(const void* in, void* out, size_t count, size_t es, Re
 
 void SyncMesh::reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn, int root) {
   const size_t bytes = count * es;
+  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring_reduce(in, out, count, es, fn, root);
   std::memcpy(outbox_.data(), in, bytes);
   if (rank_ != root) return post(root, 0, bytes);
   for (int k = 1; k < size_; ++k) take((rank_ - k + size_) % size_);
@@ -127,7 +128,10 @@ void SyncMesh::all_gather(const void* in, void* out, size_t bytes) {
 
 void SyncMesh::reduce_scatter(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
   const size_t bytes = count * es;
-  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring_reduce_scatter(in, out, count, es, fn);
+  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) {
+    // Segment k is rank k's block.
+    return ring_reduce_scatter(in, out, Layout(count * static_cast<size_t>(size_), es, size_), fn);
+  }
   std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
   for (int k = 1; k < size_; ++k) {
     const int p = (rank_ + k) % size_;
@@ -209,6 +213,12 @@ SyncMesh::Layout::Layout(size_t count, size_t es, int n)
 
 // Segment k is elements [k * seg, (k + 1) * seg) clipped to count; both ends
 // of a link compute the same pieces, so empty ones are skipped alike.
+std::pair<size_t, size_t> SyncMesh::Layout::segment(int k) const {
+  const size_t begin = std::min(count, static_cast<size_t>(k) * seg);
+  const size_t end = std::min(count, begin + seg);
+  return {begin * es, (end - begin) * es};
+}
+
 std::pair<size_t, size_t> SyncMesh::Layout::span(int segment, size_t j) const {
   const size_t first = static_cast<size_t>(segment) * seg;
   const size_t begin = std::min(count, first + j * piece);
@@ -277,10 +287,10 @@ void SyncMesh::ring_all_gather(const void* in, void* out, size_t bytes) {
   pass_around(out, Layout(bytes * static_cast<size_t>(size_), 1, size_), rank_);
 }
 
-void SyncMesh::ring_reduce_scatter(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+void SyncMesh::ring_reduce_scatter(const void* in, void* mine, const Layout& layout, ReduceFn fn) {
   const int n = size_;
   const int me = rank_;
-  const Layout layout(count * static_cast<size_t>(n), es, n);  // segment k: rank k's block
+  const size_t es = layout.es;
   const size_t seg_bytes = layout.seg * es;
   // Partial sums alternate between two segment-sized halves: a piece written
   // at step s is sent at step s + 1, before step s + 2 overwrites it.
@@ -304,11 +314,45 @@ void SyncMesh::ring_reduce_scatter(const void* in, void* out, size_t count, size
       if (auto [off, len] = layout.span(recv_seg, j); len) {
         await(left_);
         staging_recv_->waitRecv();
-        unsigned char* dest = s == n - 2 ? static_cast<unsigned char*>(out) + within
+        unsigned char* dest = s == n - 2 ? static_cast<unsigned char*>(mine) + within
                                          : partials_.data() + static_cast<size_t>(s % 2) * seg_bytes + within;
         fn(dest, in_bytes + off, staging_.data(), len / es);
       }
     }
+  }
+}
+
+// A reduce-scatter around the ring leaves each rank its reduced segment (the
+// root's straight in its output); every other rank then writes its segment
+// to the root. Half the traffic of an all_reduce, and no rank but the root
+// needs an output.
+void SyncMesh::ring_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn, int root) {
+  const Layout layout(count, es, size_);
+  const auto [my_offset, my_bytes] = layout.segment(rank_);
+  unsigned char* mine;
+  if (rank_ == root) {
+    mine = static_cast<unsigned char*>(out) + my_offset;
+  } else {
+    if (segment_.size() < layout.seg * es) segment_.resize(layout.seg * es);
+    mine = segment_.data();
+  }
+  ring_reduce_scatter(in, mine, layout, fn);
+  if (rank_ != root) {
+    if (my_bytes == 0) return;
+    auto send = mesh_->getPair(root)->createSendBuffer(slot(kRingOutput, rank_), mine, my_bytes);
+    send->send(0, my_bytes, my_offset);
+    send->waitSend();
+    return;
+  }
+  std::vector<BufferPtr> from(static_cast<size_t>(size_));
+  for (int p = 0; p < size_; ++p) {
+    if (p == root || layout.segment(p).second == 0) continue;
+    from[static_cast<size_t>(p)] = mesh_->getPair(p)->createRecvBuffer(slot(kRingOutput, p), out, count * es);
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (!from[static_cast<size_t>(p)]) continue;
+    await(p);
+    from[static_cast<size_t>(p)]->waitRecv();
   }
 }
 

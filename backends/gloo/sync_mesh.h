@@ -7,7 +7,8 @@
 //    scatter): one direct exchange, each rank writing each peer its block and
 //    reading each peer's, so one message latency; reductions run locally in
 //    rank order, so every rank gets the same bits;
-//  - larger all_reduce, reduce_scatter and all_gather: a pipelined ring. The
+//  - larger all_reduce, reduce_scatter, all_gather and reduce: a pipelined
+//    ring (reduce: a reduce-scatter, then each segment to the root). The
 //    message is cut into `size` segments and each segment into kPieceBytes
 //    pieces; a reduce-scatter and/or an all-gather move one piece per step,
 //    so reducing a piece overlaps the neighbours' transfers. Every element is
@@ -58,7 +59,7 @@ class SyncMesh {
 
   // Counts and in-place conventions as in plugin::OpDesc; `count` is per
   // rank (all_to_all: per block), and count * element_size * size must fit
-  // kExchangeMaxBytes for reduce, all_to_all, gather and scatter.
+  // kExchangeMaxBytes for all_to_all, gather and scatter.
   // out = reduction over ranks of in (in may equal out).
   void all_reduce(const void* in, void* out, size_t count, size_t element_size, ReduceFn fn);
   // Only the root's out is written.
@@ -90,12 +91,15 @@ class SyncMesh {
   struct Layout {
     Layout(size_t count, size_t es, int n);
     std::pair<size_t, size_t> span(int segment, size_t j) const;  // bytes: offset, length
+    std::pair<size_t, size_t> segment(int k) const;               // the same, whole segment
     size_t count, es, seg, piece, pieces;
   };
   // All-gather around the ring into out, starting from segment `held`.
   void pass_around(void* out, const Layout& layout, int held);
   void ring_all_gather(const void* in, void* out, size_t bytes);
-  void ring_reduce_scatter(const void* in, void* out, size_t count, size_t es, ReduceFn fn);
+  // Leaves this rank's reduced segment of `layout` in `mine` (segment-sized).
+  void ring_reduce_scatter(const void* in, void* mine, const Layout& layout, ReduceFn fn);
+  void ring_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn, int root);
   void ring(const void* in, void* out, size_t count, size_t es, ReduceFn fn);
 
   using BufferPtr = std::unique_ptr<::gloo::transport::Buffer>;
@@ -104,7 +108,8 @@ class SyncMesh {
   int rank_, size_, left_, right_, base_slot_;
   std::vector<int> fds_;  // per rank; -1: not found, so no spinning on it
   std::vector<unsigned char> inbox_, outbox_, broadcast_, tokens_, staging_;
-  std::vector<unsigned char> partials_;  // ring reduce_scatter's partial sums, grown on demand
+  std::vector<unsigned char> partials_;  // ring reduce-scatter's partial sums, grown on demand
+  std::vector<unsigned char> segment_;   // a non-root's reduced segment in a ring reduce
   std::vector<BufferPtr> outbox_send_, inbox_recv_, broadcast_send_, broadcast_recv_, token_send_, token_recv_;
   BufferPtr staging_recv_;  // ring pieces to reduce, from left
 };
