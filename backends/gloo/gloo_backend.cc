@@ -29,7 +29,6 @@
 #include <gloo/gather.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
@@ -39,6 +38,7 @@
 #include "reductions.h"
 #include "send_buffers.h"
 #include "sockets.h"
+#include "store_adapter.h"
 #include "sync_mesh.h"
 
 namespace comms::gloo_backend {
@@ -56,50 +56,10 @@ std::string cat(std::initializer_list<std::string_view> parts) {
   return out;
 }
 
-template <class F>
-void with_element_type(size_t element_size, F&& f) {
-  switch (element_size) {
-    case 1: return f(uint8_t{});
-    case 2: return f(uint16_t{});
-    case 4: return f(uint32_t{});
-    default: return f(uint64_t{});
-  }
-}
-
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::string(v) : fallback;
 }
-
-// gloo's rendezvous Store over the comm's (already namespaced) store.
-class StoreAdapter : public ::gloo::rendezvous::Store {
- public:
-  StoreAdapter(comms::Store& store, std::string prefix, std::chrono::milliseconds timeout)
-      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_.set(prefix_ + key, std::string(data.begin(), data.end()));
-  }
-  std::vector<char> get(const std::string& key) override {
-    std::string v = store_.get(prefix_ + key, timeout_);
-    return std::vector<char>(v.begin(), v.end());
-  }
-  void wait(const std::vector<std::string>& keys) override { store_.wait(prefixed(keys), timeout_); }
-  // Gloo passes the context's timeout, which is the op timeout (see
-  // connect_mesh); rendezvous keeps the init timeout.
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
-    store_.wait(prefixed(keys), timeout_);
-  }
-
- private:
-  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
-    std::vector<std::string> out;
-    for (const auto& k : keys) out.push_back(prefix_ + k);
-    return out;
-  }
-  comms::Store& store_;
-  std::string prefix_;
-  std::chrono::milliseconds timeout_;
-};
 
 // One transport device (and its event-loop thread) per bind address, shared
 // by every comm of the process.

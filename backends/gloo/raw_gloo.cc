@@ -19,7 +19,6 @@
 #include <gloo/gather.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
@@ -27,43 +26,13 @@
 #include "algorithms.h"
 #include "reductions.h"
 #include "send_buffers.h"
+#include "store_adapter.h"
 #include "sync_mesh.h"
 
 namespace comms::gloo_backend {
 namespace {
 
 using plugin::OpType;
-
-class Adapter : public ::gloo::rendezvous::Store {
- public:
-  Adapter(comms::Store& s, std::string prefix, std::chrono::milliseconds t) : s_(s), p_(std::move(prefix)), t_(t) {}
-  void set(const std::string& k, const std::vector<char>& d) override { s_.set(p_ + k, std::string(d.begin(), d.end())); }
-  std::vector<char> get(const std::string& k) override {
-    auto v = s_.get(p_ + k, t_);
-    return {v.begin(), v.end()};
-  }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, t_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
-    std::vector<std::string> p;
-    for (const auto& k : keys) p.push_back(p_ + k);
-    s_.wait(p, t_);
-  }
-
- private:
-  comms::Store& s_;
-  std::string p_;
-  std::chrono::milliseconds t_;
-};
-
-template <class F>
-void by_width(size_t w, F&& f) {
-  switch (w) {
-    case 1: return f(uint8_t{});
-    case 2: return f(uint16_t{});
-    case 4: return f(uint32_t{});
-    default: return f(uint64_t{});
-  }
-}
 
 // --gloo-native: Gloo's own algorithm classes on the sync mesh, for the
 // sizes where the backend runs its own algorithms there.
@@ -118,7 +87,7 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
   for (auto* which : {&impl_->async_ctx, &impl_->sync_ctx}) {
     auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(timeout);
-    Adapter a(store, which == &impl_->async_ctx ? "raw-async/" : "raw-sync/", timeout);
+    StoreAdapter a(store, which == &impl_->async_ctx ? "raw-async/" : "raw-sync/", timeout);
     ctx->connectFullMesh(a, impl_->device);
     *which = ctx;
   }
@@ -190,7 +159,7 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
       auto& b = im.bound[key];
       if (!b.algorithm) {
         b.gathered.resize(bytes * static_cast<size_t>(im.size));
-        by_width(es, [&](auto t) {
+        with_element_type(es, [&](auto t) {
           using S = decltype(t);
           std::vector<const S*> ins = {reinterpret_cast<const S*>(in)};
           b.algorithm = std::make_unique<::gloo::AllgatherRing<S>>(im.sync_ctx, ins,
@@ -208,7 +177,7 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
       if (out != in) std::memcpy(out, in, bytes);
       auto& b = im.bound[key];
       if (!b.algorithm) {
-        by_width(es, [&](auto t) {
+        with_element_type(es, [&](auto t) {
           using S = decltype(t);
           auto fn = std::make_shared<::gloo::ReductionFunction<S>>(::gloo::CUSTOM, in_place_fn<S>(dtype, kind));
           std::vector<S*> ptrs = {reinterpret_cast<S*>(out)};
@@ -222,7 +191,7 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
     case Native::kBroadcastOneToAll: {
       auto& b = im.bound[key];
       if (!b.algorithm) {
-        by_width(es, [&](auto t) {
+        with_element_type(es, [&](auto t) {
           using S = decltype(t);
           std::vector<S*> ptrs = {reinterpret_cast<S*>(out)};
           b.algorithm = std::make_unique<::gloo::BroadcastOneToAll<S>>(im.sync_ctx, ptrs, int(count), root);
@@ -243,7 +212,7 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
   const auto& ctx = im.async_ctx;
   switch (type) {
     case OpType::kAllReduce:
-      by_width(es, [&](auto t) {
+      with_element_type(es, [&](auto t) {
         using S = decltype(t);
         ::gloo::AllreduceOptions o(ctx);
         if (in != out) o.setInput(reinterpret_cast<S*>(in), count);
@@ -254,7 +223,7 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
       });
       return;
     case OpType::kReduce:
-      by_width(es, [&](auto t) {
+      with_element_type(es, [&](auto t) {
         using S = decltype(t);
         ::gloo::ReduceOptions o(ctx);
         o.setRoot(root);

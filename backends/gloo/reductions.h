@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "comms/types.h"
 
@@ -28,6 +29,17 @@ namespace comms::gloo_backend {
 
 // The same kernels in the in-place, typed shape of Gloo's algorithm classes
 // (x = x op y), on the unsigned storage type of the element's width.
+// Calls f with a value of the unsigned storage type of an element's width.
+template <class F>
+void with_element_type(size_t element_size, F&& f) {
+  switch (element_size) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    default: return f(uint64_t{});
+  }
+}
+
 template <class Storage>
 using InPlaceFn = void (*)(Storage* x, const Storage* y, size_t n);
 
