@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm_impl.h"
+#include "exit_guard.h"
 #include "strutil.h"
 #include "comms/store.h"
 #include "env.h"
@@ -213,9 +214,10 @@ std::string WorkState::error_message() {
 // ---------------------------------------------------------------------------
 // Comm::Impl
 
-Comm::Impl::Impl(Config config) : config_(std::move(config)) {}
+Comm::Impl::Impl(Config config) : config_(std::move(config)) { internal::track_live_comm(this); }
 
 Comm::Impl::~Impl() {
+  internal::untrack_live_comm(this);
   if (!finalized_) {
     try {
       finalize();
@@ -515,7 +517,8 @@ std::shared_ptr<Comm> Comm::Impl::split(std::span<const int> ranks, const std::s
   BackendSpec child_spec = config_.spec;
   if (!opts.backend.empty()) {
     child_spec = BackendSpec();
-    for (std::string_view raw : str::split(str::lower(opts.backend), ',', true)) {
+    const std::string lowered = str::lower(opts.backend);
+    for (std::string_view raw : str::split(lowered, ',', true)) {
       const std::string_view item = str::strip(raw);
       const auto colon = item.find(':');
       const std::string backend(str::strip(colon == item.npos ? item : item.substr(colon + 1)));

@@ -29,7 +29,8 @@ std::string qualified_filter(const BackendSpec& parent, const std::string& reque
   // device-qualified string that includes the parent's default device
   // backend, so build exactly that from the request.
   BackendSpec child;
-  for (std::string_view raw : str::split(str::lower(requested), ',', true)) {
+  const std::string lowered = str::lower(requested);
+  for (std::string_view raw : str::split(lowered, ',', true)) {
     const std::string_view item = str::strip(raw);
     const auto colon = item.find(':');
     if (colon == item.npos) {

@@ -62,6 +62,13 @@ inline std::string_view strip(std::string_view s) {
   return s;
 }
 
+// A temporary std::string passed where a view is kept would die first (a
+// range-for over split(lower(x)) does not extend it), so these do not compile.
+template <class T>
+concept TemporaryString = std::is_same_v<T, std::string>;  // deduced from T&&: an rvalue
+template <TemporaryString T>
+std::string_view strip(T&& s) = delete;
+
 inline std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out) {
@@ -79,7 +86,7 @@ inline std::string upper(std::string_view s) {
 }
 
 // Splits on `sep`. With skip_blank, items that are empty or only whitespace
-// are dropped.
+// are dropped. The parts view `s`: keep what they point into alive.
 inline std::vector<std::string_view> split(std::string_view s, char sep, bool skip_blank = false) {
   std::vector<std::string_view> parts;
   size_t start = 0;
@@ -92,6 +99,9 @@ inline std::vector<std::string_view> split(std::string_view s, char sep, bool sk
   }
   return parts;
 }
+
+template <TemporaryString T>
+std::vector<std::string_view> split(T&& s, char sep, bool skip_blank = false) = delete;
 
 inline bool consume_prefix(std::string_view& s, std::string_view prefix) {
   if (!s.starts_with(prefix)) return false;

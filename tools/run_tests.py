@@ -8,7 +8,11 @@ rank, skipped if skipped everywhere. Tools that are not gtest binaries print a
 counts as one case by its exit status. The last line printed is the sum:
 "N passed, N failed, N skipped".
 
-usage: run_tests.py BUILD_DIR [--filter SUBSTRING] [--jobs N]
+usage: run_tests.py BUILD_DIR [--filter SUBSTRING]... [--exclude SUBSTRING]...
+                    [--jobs N] [--label WORD] [--env NAME=VALUE]...
+A test runs when its name contains any --filter (all when none is given) and
+no --exclude. --label prefixes the summary line ("asan: N passed, ...") and
+the per-test lines, so tools/dev can run several builds and sum them.
 """
 import argparse
 import json
@@ -110,11 +114,21 @@ def run_one(test, root):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("build")
-    parser.add_argument("--filter", default="")
+    parser.add_argument("--filter", action="append", default=[])
+    parser.add_argument("--exclude", action="append", default=[])
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--label", default="")
+    parser.add_argument("--env", action="append", default=[],
+                        help="NAME=VALUE set for every test (e.g. sanitizer options)")
     args = parser.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tests = [t for t in load_tests(args.build) if args.filter in t["name"]]
+    extra_env = dict(item.split("=", 1) for item in args.env)
+    prefix = args.label + ": " if args.label else ""
+    tests = [t for t in load_tests(args.build)
+             if (not args.filter or any(f in t["name"] for f in args.filter))
+             and not any(x in t["name"] for x in args.exclude)]
+    for t in tests:
+        t["env"] = dict(t.get("env") or {}, **extra_env)
     parallel = [t for t in tests if t.get("is_parallel", True)]
     serial = [t for t in tests if not t.get("is_parallel", True)]
 
@@ -125,8 +139,8 @@ def main():
         with lock:
             results.append(result)
             status = "FAIL" if result["failed"] else "ok  "
-            print("%s %-40s %4d passed %3d failed %3d skipped  %6.1fs%s" % (
-                status, result["name"], result["passed"], result["failed"], result["skipped"],
+            print("%s%s %-40s %4d passed %3d failed %3d skipped  %6.1fs%s" % (
+                prefix, status, result["name"], result["passed"], result["failed"], result["skipped"],
                 result["elapsed"], "  (%s)" % result["problem"] if result["problem"] else ""), flush=True)
             if result["failed"]:
                 for m in result["messages"][:20]:
@@ -146,7 +160,7 @@ def main():
     passed = sum(r["passed"] for r in results)
     failed = sum(r["failed"] for r in results)
     skipped = sum(r["skipped"] for r in results)
-    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    print("%s%d passed, %d failed, %d skipped" % (prefix, passed, failed, skipped))
     return 1 if failed or not results else 0
 
 

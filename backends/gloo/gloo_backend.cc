@@ -488,6 +488,7 @@ void GlooBackend::reduce_scatter(const plugin::OpDesc& op, std::span<const size_
   exchange.output = tmp;
   all_to_all_v(exchange, op.input, counts, recv_counts);
   const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
+  if (mine == 0) return;  // a _v op may give this rank nothing (and a null output)
   std::memcpy(op.output, tmp, mine * es);
   for (int r = 1; r < n; ++r) fn(op.output, op.output, tmp + static_cast<size_t>(r) * mine * es, mine);
   finish_reduction(op, op.output, mine);

@@ -126,7 +126,9 @@ TEST_F(Lifecycle, FiftyCyclesKeepFileDescriptorsAndMemoryStable) {
     }
   }
   EXPECT_EQ(open_fds(), fds_at_5) << "file descriptors leaked across offload/reload cycles";
+#ifndef __SANITIZE_ADDRESS__  // ASan's quarantine holds freed memory; its leak check covers this
   EXPECT_LT(rss_kib() - rss_at_5, 8 * 1024) << "resident memory grew by more than 8 MiB over 45 cycles";
+#endif
   destroy_process_group(g);
 }
 
