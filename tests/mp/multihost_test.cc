@@ -9,8 +9,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <regex>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "netns.h"
 

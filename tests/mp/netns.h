@@ -24,15 +24,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <map>
-#include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -146,7 +146,7 @@ inline std::string unavailable_reason() {
 class Network {
  public:
   // `nodes` hosts; with `second_net`, each also has eth1 on net B.
-  explicit Network(int nodes, bool second_net = false) : nodes_(nodes) {
+  explicit Network(int nodes, bool second_net = false) {
     prefix_ = kPrefix + std::to_string(::getpid()) + "-";
     try {
       add_namespace(switch_ns());
@@ -206,7 +206,6 @@ class Network {
     must({"ip", "-n", node(i), "link", "set", iface, "up"});
   }
 
-  int nodes_;
   std::string prefix_;
   std::vector<std::string> created_;
 };
@@ -228,7 +227,6 @@ class Job {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     const pid_t parent = ::getpid();
-    started_ = Clock::now();
     pid_ = ::fork();
     if (pid_ == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // ip execs commsrun, which keeps it
@@ -320,7 +318,7 @@ class Job {
   int fd_ = -1;
   int status_ = -1;
   bool exited_ = false;
-  Clock::time_point started_, exited_at_;
+  Clock::time_point exited_at_;
   std::vector<Line> lines_;
   std::string partial_;
 };
