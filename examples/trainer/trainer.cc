@@ -12,14 +12,20 @@
 // The backend comes from COMMS_BACKEND (default: Gloo on CPU) and the route
 // that creates groups from COMMS_ROUTE (direct or split), so switching either
 // needs no code change.
+#include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -30,10 +36,87 @@ namespace {
 
 constexpr int kInputs = 16;
 
-// The launcher's stop request. Checked after each step's collectives, so a
-// rank whose peer died reports the collective's error, not the signal.
-std::atomic<bool> stop_requested{false};
-void request_stop(int) { stop_requested = true; }
+// SIGTERM and SIGINT (the launcher's stop, Ctrl-C). The main loop checks
+// requested() after each step's collectives, so a rank whose peer died
+// reports the collective's error, not the signal. But a rank blocked in a
+// collective or a rendezvous (a reload waiting for a stopped peer) would
+// only notice at its timeout, minutes later. So a thread takes the signals,
+// and if the main thread has not ended kGraceMs after one (or at a second
+// one), it ends the process itself, saying where the main thread was.
+class StopWatcher {
+ public:
+  static constexpr int kGraceMs = 2000;
+
+  // Blocks the signals before any other thread exists (the library's threads
+  // inherit the mask), so only the watcher's signalfd receives them.
+  StopWatcher() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    signal_fd_ = signalfd(-1, &set, SFD_CLOEXEC);
+    done_fd_ = eventfd(0, EFD_CLOEXEC);
+    if (signal_fd_ < 0 || done_fd_ < 0) {
+      std::fprintf(stderr, "trainer: cannot watch for SIGTERM/SIGINT: %s\n", std::strerror(errno));
+      std::exit(1);
+    }
+    thread_ = std::thread([this] { watch(); });
+  }
+  ~StopWatcher() {
+    const uint64_t one = 1;
+    ssize_t ignored = write(done_fd_, &one, sizeof one);
+    (void)ignored;
+    thread_.join();
+    close(signal_fd_);
+    close(done_fd_);
+  }
+  StopWatcher(const StopWatcher&) = delete;
+  StopWatcher& operator=(const StopWatcher&) = delete;
+
+  // The signal received, or 0.
+  int requested() const { return signal_.load(); }
+  // What the main thread is doing, for the message when it is cut short.
+  void at(const char* phase, int step = 0) {
+    step_.store(step);
+    phase_.store(phase);
+  }
+
+ private:
+  // Waits for a signal or the end; returns the signal, 0 at the end or the
+  // timeout.
+  int next(int timeout_ms) {
+    pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {done_fd_, POLLIN, 0}};
+    while (true) {
+      int ready = poll(fds, 2, timeout_ms);
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0 || (fds[1].revents & POLLIN)) return 0;
+      signalfd_siginfo info;
+      if (read(signal_fd_, &info, sizeof info) == sizeof info) return static_cast<int>(info.ssi_signo);
+    }
+  }
+
+  void watch() {
+    const int sig = next(-1);
+    if (sig == 0) return;
+    signal_.store(sig);
+    // Past the grace, or a second signal: the main thread is stuck.
+    pollfd done = {done_fd_, POLLIN, 0};
+    if (next(kGraceMs) == 0 && poll(&done, 1, 0) == 1) return;
+    const int step = step_.load();
+    std::fprintf(stderr, "trainer: stopped by SIG%s while blocked in %s%s; not waiting for it to time out\n",
+                 sigabbrev_np(sig), phase_.load(), step ? (" at step " + std::to_string(step)).c_str() : "");
+    _exit(128 + sig);
+  }
+
+  int signal_fd_ = -1;
+  int done_fd_ = -1;
+  std::atomic<int> signal_{0};
+  std::atomic<const char*> phase_{"start-up"};
+  std::atomic<int> step_{0};
+  std::thread thread_;
+};
+
 constexpr int kHidden = 32;
 
 // A counter-based generator: sample i's values do not depend on which rank
@@ -139,12 +222,9 @@ int main(int argc, char** argv) {
                  "per-group communicator options, Megatron's YAML layout (with --parallel)");
   CLI11_PARSE(app, argc, argv);
 
-  struct sigaction sa = {};
-  sa.sa_handler = request_stop;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-
+  StopWatcher stop;
   try {
+    stop.at("initialisation (init_process_group and group creation)");
     // Binding the CPU device connects the world eagerly, so a bad backend or
     // a missing peer shows up here, not at the first gradient. It also lets
     // COMMS_ROUTE=split carve groups from the world.
@@ -216,6 +296,7 @@ int main(int argc, char** argv) {
     std::vector<float> grad(model.params.size());
     double loss = 0;
     for (int step = 1; step <= steps; ++step) {
+      stop.at("the gradient all_reduce", step);
       std::fill(grad.begin(), grad.end(), 0.0f);
       double local_loss = 0;
       const float weight = 1.0f / static_cast<float>(local_batch);
@@ -235,6 +316,7 @@ int main(int argc, char** argv) {
       if (offload_every > 0 && step % offload_every == 0) {
         // Device backends are what an RL loop frees; a CPU-only run cycles
         // its Gloo communicators instead, through the same path.
+        stop.at("offload/reload of the groups", step);
         std::vector<comms::DeviceType> types;
         if (!world->backends().has(comms::DeviceType::kCuda)) types.push_back(comms::DeviceType::kCpu);
         const comms::dist::OffloadReport offloaded = comms::dist::offload_groups(types);
@@ -244,11 +326,12 @@ int main(int argc, char** argv) {
                       reloaded.groups_reloaded, reloaded.communicators_created);
         }
       }
-      if (stop_requested) {
-        std::fprintf(stderr, "trainer: stopped by a signal at step %d\n", step);
-        return 143;
+      if (const int sig = stop.requested()) {
+        std::fprintf(stderr, "trainer: stopped by SIG%s at step %d\n", sigabbrev_np(sig), step);
+        return 128 + sig;
       }
     }
+    stop.at("the final barrier and shutdown");
     world->barrier();
     if (rank == 0) std::printf("final_loss=%.9g\n", loss);
     comms::dist::destroy_process_group();

@@ -92,4 +92,31 @@ TEST(Trainer, ARankKilledMidRunMakesTheOthersFailWithoutHanging) {
   EXPECT_EQ(errors, 3) << p.output;
 }
 
+TEST(Trainer, ASignalEndsARankBlockedWaitingForAStoppedPeerWithinTwoSeconds) {
+  // Offload and reload every step: most of a step is the reload's
+  // rendezvous, where rank 0 ends up waiting once rank 1 is stopped. The
+  // timeouts are long, so only the signal can end the wait in time.
+  Process p = Process::start({COMMSRUN, "-n", "2", "--grace", "30", "--", TRAINER, "--steps", "100000000",
+                              "--print-every", "20", "--offload-every", "1"},
+                             {{"COMMS_BACKEND", "cpu:gloo"}, {"COMMS_OP_TIMEOUT", "60s"},
+                              {"COMMS_INIT_TIMEOUT", "60s"}});
+  ASSERT_TRUE(p.read_until([](const std::string& o) { return o.find("step 20 ") != std::string::npos; }, 60s))
+      << p.output;
+  auto ranks = comms::testing::children_of(p.pid);
+  ASSERT_EQ(ranks.size(), 2u);
+  kill(ranks[1], SIGSTOP);
+  std::this_thread::sleep_for(300ms);  // rank 0 reaches the point where it needs rank 1
+  const auto signalled_at = std::chrono::steady_clock::now();
+  kill(ranks[0], SIGTERM);
+  const std::string ended = "rank 0 (pid " + std::to_string(ranks[0]) + ") exited with status 143";
+  const bool in_time = p.read_until([&](const std::string& o) { return o.find(ended) != std::string::npos; }, 10s);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled_at).count();
+  kill(ranks[1], SIGCONT);  // it takes commsrun's SIGTERM now
+  p.wait(40s);
+  ASSERT_TRUE(in_time) << p.output;
+  EXPECT_LT(seconds, 2.0 + 1.5) << p.output;
+  EXPECT_NE(p.output.find("trainer: stopped by SIGTERM while blocked in "), std::string::npos) << p.output;
+  EXPECT_NE(p.exit_code(), 0);
+}
+
 }  // namespace
