@@ -336,8 +336,12 @@ int main(int argc, char** argv) {
     std::unique_ptr<gloo_backend::RawGloo> raw;
     if (raw_gloo || gloo_native || overhead) {
       const auto& cfg = comm->impl().config();
+      // Reads wait as the backend's do: its resolved busy_poll.
+      const auto described = nlohmann::json::parse(comm->describe());
+      const std::string busy_poll = described["backends"]["cpu"]["config"].value("busy_poll", "auto");
       raw = std::make_unique<gloo_backend::RawGloo>(
           *make_prefix_store("raw-gloo", cfg.store), comm->rank(), comm->size(), cfg.local_size, comm->op_timeout(),
+          busy_poll,
           gloo_native ? gloo_backend::RawGloo::Baseline::kGlooNative : gloo_backend::RawGloo::Baseline::kSameAlgorithm);
     }
     // Rank 0's iteration counts rule, so every rank runs the same loop.
