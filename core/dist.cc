@@ -193,7 +193,8 @@ Group init_process_group(const InitOptions& options) {
   const Route route = route_from_environment();
   // Empty: new_comm reads (and checks) COMMS_BACKEND itself.
   std::string backend = options.backend;
-  if (options.device && str::lower(str::strip(backend.empty() ? env::get("COMMS_BACKEND").value_or("") : backend)) == "nccl") {
+  const std::string requested = backend.empty() ? env::get("COMMS_BACKEND").value_or("") : backend;
+  if (options.device && str::lower(str::strip(requested)) == "nccl") {
     backend = "cpu:gloo,cuda:nccl";  // so CPU subgroups can be made later
   }
   CommOptions co;
