@@ -114,7 +114,7 @@ std::array<Hints, kNumDeviceTypes> route_hints(const Hints& hints, const Backend
   };
   auto reject = [&](const std::string& message) {
     if (strict) throw Error(ErrorCode::kInvalidArgument, message);
-    log::warning(str::cat(message, " (ignored: COMMS_HINTS_STRICT=0)"));
+    log::warning(str::cat(message, " (ignored: COMMS_HINTS_STRICT is off)"));
   };
 
   std::map<std::pair<size_t, std::string>, std::string> given_as;  // (device type, bare key) -> key
