@@ -38,7 +38,8 @@ int read_int(const char* name, std::string_view value, int min) {
   if (end == 0 || !str::parse_int(digits.substr(0, end), &out) || out < min ||
       (end != digits.size() && std::string_view(name) != "SLURM_NTASKS_PER_NODE")) {
     throw Error(ErrorCode::kInvalidArgument,
-                str::cat(name, "='", value, "' is not a valid ", min == 0 ? "rank" : "size"));
+                str::cat(name, "='", value, "' is not a valid ", min == 0 ? "rank" : "size",
+                         "; use an integer from ", min));
   }
   return out;
 }
@@ -131,9 +132,13 @@ std::shared_ptr<Store> default_store(int rank, int world_size,
     }
   } else if (addr && port) {
     const uint16_t p = parse_port(*port, "MASTER_PORT");
-    const bool launcher_hosts = env::get("COMMS_LAUNCHER_STORE").value_or("0") == "1";
+    const bool launcher_hosts = env::get_bool("COMMS_LAUNCHER_STORE", false);
     if (!launcher_hosts && rank == 0 && !state.server) {
-      state.server = std::make_unique<TcpStoreServer>(*addr, p);
+      try {
+        state.server = std::make_unique<TcpStoreServer>(*addr, p);
+      } catch (const Error& e) {
+        throw Error(e.code(), str::cat("MASTER_ADDR='", *addr, "', MASTER_PORT='", *port, "': ", e.what()));
+      }
       log::info(str::cat("rank 0 hosts the TCP store at ", *addr, ":", p));
     }
     store = connect_tcp_store(*addr, p, connect_timeout);

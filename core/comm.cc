@@ -1,4 +1,5 @@
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <unordered_map>
 
@@ -100,8 +101,10 @@ int next_incarnation(const std::string& ns) {
 std::array<Hints, kNumDeviceTypes> route_hints(const Hints& hints, const BackendSpec& spec,
                                                std::string_view comm_name) {
   std::array<Hints, kNumDeviceTypes> routed;
+  // Read before the early return so that a malformed value is reported
+  // whether or not this comm has hints.
+  const bool strict = env::get_bool("COMMS_HINTS_STRICT", true);
   if (hints.empty()) return routed;
-  const bool strict = env::get("COMMS_HINTS_STRICT").value_or("1") != "0";
   auto& registry = PluginRegistry::instance();
 
   auto knows = [](const LoadedPlugin& p, std::string_view key) {
@@ -112,9 +115,10 @@ std::array<Hints, kNumDeviceTypes> route_hints(const Hints& hints, const Backend
   };
   auto reject = [&](const std::string& message) {
     if (strict) throw Error(ErrorCode::kInvalidArgument, message);
-    log::warning(str::cat(message, " (ignored: COMMS_HINTS_STRICT=0)"));
+    log::warning(str::cat(message, " (ignored: COMMS_HINTS_STRICT is off)"));
   };
 
+  std::map<std::pair<size_t, std::string>, std::string> given_as;  // (device type, bare key) -> key
   for (const auto& [key, value] : hints) {
     std::vector<DeviceType> targets;
     std::string bare = key;
@@ -160,7 +164,17 @@ std::array<Hints, kNumDeviceTypes> route_hints(const Hints& hints, const Backend
         continue;
       }
     }
-    for (DeviceType t : targets) routed[static_cast<size_t>(t)][bare] = value;
+    for (DeviceType t : targets) {
+      // "max_ctas" and "nccl.max_ctas" name the same setting: one must not
+      // silently win over the other.
+      auto [it, fresh] = given_as.try_emplace({static_cast<size_t>(t), bare}, key);
+      if (!fresh) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    str::cat("hints '", it->second, "' and '", key, "' of comm '", comm_name, "' both set ",
+                             spec.backend_for(t), "'s '", bare, "'; give it once"));
+      }
+      routed[static_cast<size_t>(t)][bare] = value;
+    }
   }
   return routed;
 }
@@ -1059,6 +1073,7 @@ std::shared_ptr<Comm> new_comm(const std::string& backend, std::optional<Device>
     throw Error(ErrorCode::kInvalidArgument,
                 str::cat("new_comm '", name, "': set both rank and world_size, or neither"));
   }
+  log::level_from_environment();  // a malformed COMMS_LOG_LEVEL is an error here
   const BootstrapInfo boot = bootstrap_from_environment();
   Comm::Impl::Config c;
   c.name = name;
@@ -1075,8 +1090,17 @@ std::shared_ptr<Comm> new_comm(const std::string& backend, std::optional<Device>
     c.local_rank = boot.local_rank;
     c.local_size = boot.local_world_size;
   }
-  const std::string text = backend.empty() ? env::get("COMMS_BACKEND").value_or("") : backend;
-  c.spec = BackendSpec::parse(text);
+  if (!backend.empty()) {
+    c.spec = BackendSpec::parse(backend);
+  } else if (auto from_env = env::get("COMMS_BACKEND")) {
+    try {
+      c.spec = BackendSpec::parse(*from_env);
+    } catch (const Error& e) {
+      throw Error(e.code(), str::cat("COMMS_BACKEND='", *from_env, "': ", e.what()));
+    }
+  } else {
+    c.spec = BackendSpec::parse("");
+  }
   if (device) {
     if (!c.spec.has(device->type)) {
       throw Error(ErrorCode::kInvalidArgument,

@@ -141,8 +141,9 @@ namespace internal {
 
 // Routes user hints to backends: "gloo.x" to gloo, an unprefixed key to the
 // one backend of the spec that knows it. Throws kInvalidArgument for an
-// unknown key (a warning under COMMS_HINTS_STRICT=0), an ambiguous key, or a
-// prefix naming a backend the comm does not have.
+// unknown key (a warning under COMMS_HINTS_STRICT=0), an ambiguous key, a
+// prefix naming a backend the comm does not have, and one setting given
+// twice ("max_ctas" and "nccl.max_ctas").
 std::array<Hints, kNumDeviceTypes> route_hints(const Hints& hints, const BackendSpec& spec,
                                                std::string_view comm_name);
 

@@ -19,8 +19,19 @@ namespace {
   throw Error(code, str::cat("comms::dist group '", group, "': ", why));
 }
 
+// A typed option as its hint. The same setting also given as a raw hint in
+// BackendOptions::hints is an error, not a silent override.
+void put(Hints& h, const char* key, const std::string& value) {
+  if (auto it = h.find(key); it != h.end()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("'", key, "' is given both as a typed option (", value, ") and as a hint (", it->second,
+                         "); give it once"));
+  }
+  h[key] = value;
+}
+
 void add(Hints& h, const char* key, const std::optional<int>& v) {
-  if (v) h[key] = std::to_string(*v);
+  if (v) put(h, key, std::to_string(*v));
 }
 
 std::string qualified_filter(const BackendSpec& parent, const std::string& requested,
@@ -80,30 +91,25 @@ std::string qualified_filter(const BackendSpec& parent, const std::string& reque
 std::string_view to_string(Route r) { return r == Route::kSplit ? "split" : "direct"; }
 
 Route route_from_environment() {
-  const auto v = env::get("COMMS_ROUTE");
-  if (!v) return Route::kDirect;
-  const std::string s = str::lower(str::strip(*v));
-  if (s == "direct") return Route::kDirect;
-  if (s == "split") return Route::kSplit;
-  throw Error(ErrorCode::kInvalidArgument,
-              str::cat("COMMS_ROUTE='", *v, "' is not a valid route; valid values: direct, split"));
+  return env::get_choice("COMMS_ROUTE", "direct", {"direct", "split"}, "a route") == "split" ? Route::kSplit
+                                                                                          : Route::kDirect;
 }
 
 Hints to_hints(const BackendOptions& o) {
   Hints h = o.hints;
-  if (o.nccl.is_high_priority_stream) h["nccl.high_priority_stream"] = *o.nccl.is_high_priority_stream ? "1" : "0";
+  if (o.nccl.is_high_priority_stream) put(h, "nccl.high_priority_stream", *o.nccl.is_high_priority_stream ? "1" : "0");
   add(h, "nccl.cga_cluster_size", o.nccl.cga_cluster_size);
   add(h, "nccl.min_ctas", o.nccl.min_ctas);
   add(h, "nccl.max_ctas", o.nccl.max_ctas);
-  if (o.nccl.net_name) h["nccl.net_name"] = *o.nccl.net_name;
+  if (o.nccl.net_name) put(h, "nccl.net_name", *o.nccl.net_name);
   add(h, "nccl.split_share", o.nccl.split_share);
   add(h, "nccl.traffic_class", o.nccl.traffic_class);
   add(h, "nccl.collnet_enable", o.nccl.collnet_enable);
   add(h, "nccl.cta_policy", o.nccl.cta_policy);
   add(h, "nccl.nvls_ctas", o.nccl.nvls_ctas);
-  if (o.gloo.interface) h["gloo.interface"] = *o.gloo.interface;
-  if (o.gloo.hostname) h["gloo.hostname"] = *o.gloo.hostname;
-  if (o.gloo.busy_poll) h["gloo.busy_poll"] = *o.gloo.busy_poll ? "1" : "0";
+  if (o.gloo.interface) put(h, "gloo.interface", *o.gloo.interface);
+  if (o.gloo.hostname) put(h, "gloo.hostname", *o.gloo.hostname);
+  if (o.gloo.busy_poll) put(h, "gloo.busy_poll", *o.gloo.busy_poll ? "1" : "0");
   return h;
 }
 
@@ -186,8 +192,10 @@ Group init_process_group(const InitOptions& options) {
                 "comms::dist: init_process_group() was already called; destroy_process_group() first");
   }
   const Route route = route_from_environment();
-  std::string backend = options.backend.empty() ? env::get("COMMS_BACKEND").value_or("") : options.backend;
-  if (options.device && str::lower(str::strip(backend)) == "nccl") {
+  // Empty: new_comm reads (and checks) COMMS_BACKEND itself.
+  std::string backend = options.backend;
+  const std::string requested = backend.empty() ? env::get("COMMS_BACKEND").value_or("") : backend;
+  if (options.device && str::lower(str::strip(requested)) == "nccl") {
     backend = "cpu:gloo,cuda:nccl";  // so CPU subgroups can be made later
   }
   CommOptions co;

@@ -1,5 +1,7 @@
 #include "env.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <cstdlib>
 #include <string>
@@ -16,10 +18,10 @@ constexpr Variable kVariables[] = {
     {"COMMS_INIT_TIMEOUT", "5m", "Timeout of communicator initialisation and rendezvous (250ms, 30s, 5m, or plain seconds). CommOptions::init_timeout wins over it."},
     {"COMMS_OP_TIMEOUT", "10m", "Timeout of each operation. CommOptions::op_timeout and OpOptions::timeout win over it."},
     {"COMMS_STORE", "", "Rendezvous store: file:///shared/dir or tcp://host:port. Unset: MASTER_ADDR/MASTER_PORT, or an in-process store for a single process."},
-    {"COMMS_LAUNCHER_STORE", "0", "1: the launcher (commsrun) hosts the TCP store at MASTER_ADDR:MASTER_PORT. 0: rank 0 hosts it."},
+    {"COMMS_LAUNCHER_STORE", "0", "Boolean. 1: the launcher (commsrun) hosts the TCP store at MASTER_ADDR:MASTER_PORT. 0: rank 0 hosts it."},
     {"COMMS_PLUGIN_PATH", "", "Colon-separated directories searched for libcomms-<name>.so before the install and build directories."},
     {"COMMS_BACKEND_LIB_<NAME>", "", "Exact plugin file for backend <name> (upper case), e.g. COMMS_BACKEND_LIB_GLOO=/opt/libcomms-gloo.so. Wins over every search directory."},
-    {"COMMS_HINTS_STRICT", "1", "1: an unknown hint key is an error. 0: it is a warning and the key is ignored."},
+    {"COMMS_HINTS_STRICT", "1", "Boolean. 1: an unknown hint key is an error. 0: it is a warning and the key is ignored."},
     {"COMMS_LOG_LEVEL", "warning", "debug, info, warning or error. At info, every comm logs its effective configuration when created."},
     {"COMMS_RANK", "", "Rank of this process; wins over every launcher's variables."},
     {"COMMS_WORLD_SIZE", "", "Number of processes; read with COMMS_RANK."},
@@ -43,9 +45,10 @@ constexpr Variable kVariables[] = {
     {"SLURM_NTASKS", "", "World size under srun."},
     {"SLURM_LOCALID", "", "Local rank under srun."},
     {"SLURM_NTASKS_PER_NODE", "", "Local world size under srun (the leading number is used)."},
-    {"COMMS_GLOO_IFNAME", "", "Gloo: network interface to bind (e.g. eth0). Hint gloo.interface wins over it."},
-    {"COMMS_GLOO_HOSTNAME", "", "Gloo: host name or address to bind. Hint gloo.hostname wins over it. Unset (and no interface): the address this process uses to reach the TCP store, else 127.0.0.1."},
-    {"COMMS_GLOO_BUSY_POLL", "auto", "Gloo: how reads on the sync mesh (all_reduce, small broadcast, barrier) wait. auto: spin up to 100 us, yielding, then block, when the ranks on this host are at most its cores, else block; 1: spin until the data arrives; 0: block at once. Hint gloo.busy_poll wins over it."},
+    {"PATH", "/usr/local/bin:/usr/bin:/bin", "commsrun: where it looks for a program named without a '/', as execvp(3) does."},
+    {"COMMS_GLOO_IFNAME", "", "Gloo: network interface to bind (e.g. eth0); it must exist and have an IPv4 or IPv6 address. Hint gloo.interface wins over it."},
+    {"COMMS_GLOO_HOSTNAME", "", "Gloo: host name or address to bind; it must resolve to an address of one of this host's interfaces. Hint gloo.hostname wins over it. Unset (and no interface): the address this process uses to reach the TCP store, else 127.0.0.1."},
+    {"COMMS_GLOO_BUSY_POLL", "auto", "Gloo: how reads on the sync mesh (all_reduce, small broadcast, barrier) wait. auto: spin up to 100 us, yielding, then block, when the ranks on this host are at most its cores, else block; 1 (or another true boolean): spin until the data arrives; 0: block at once. Hint gloo.busy_poll wins over it."},
     {"COMMS_NCCL_NET_NAMES", "", "NCCL: extra accepted values of the nccl.net_name hint (comma separated, case-insensitive), for NCCL net plugins. Built in: IB, Socket."},
     {"COMMS_TEST_REPORT_DIR", "", "Test harness only: directory where each test binary writes its per-rank gtest JSON report."},
 };
@@ -53,12 +56,6 @@ constexpr Variable kVariables[] = {
 }  // namespace
 
 std::span<const Variable> documented() { return kVariables; }
-
-std::optional<std::string> get(std::string_view name) {
-  const char* v = std::getenv(std::string(name).c_str());
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  return std::string(v);
-}
 
 std::chrono::milliseconds parse_duration(std::string_view text, std::string_view what) {
   std::string_view t = str::strip(text);
@@ -68,23 +65,56 @@ std::chrono::milliseconds parse_duration(std::string_view text, std::string_view
   else if (str::consume_suffix(t, "m")) scale_ms = 60'000;
   else if (str::consume_suffix(t, "h")) scale_ms = 3'600'000;
   double value = 0;
-  if (t.empty() || !str::parse_double(t, &value) || value <= 0 || value > 1e9) {
+  // !(value > 0) also catches NaN, which from_chars accepts as "nan".
+  if (t.empty() || !str::parse_double(t, &value) || !(value > 0) || value * scale_ms > 1e12) {
     throw Error(ErrorCode::kInvalidArgument,
-                str::cat(what, ": '", text,
-                             "' is not a positive duration (use e.g. 250ms, 30s, 5m, 1h, or seconds)"));
+                str::cat(what, "='", text,
+                         "' is not a positive duration; use e.g. 250ms, 30s, 5m, 1h, or seconds (at most 31 years)"));
   }
   return std::chrono::milliseconds(static_cast<int64_t>(value * scale_ms + 0.5));
 }
 
-int get_int(std::string_view name, int fallback) {
+std::vector<std::pair<std::string, std::string>> with_prefix(std::string_view prefix) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    const auto eq = kv.find('=');
+    if (eq == std::string_view::npos || eq + 1 == kv.size() || !kv.substr(0, eq).starts_with(prefix)) continue;
+    out.emplace_back(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+  }
+  return out;
+}
+
+int get_int(std::string_view name, int fallback, int min, int max) {
   auto v = get(name);
   if (!v) return fallback;
   int out = 0;
-  if (!str::parse_int(*v, &out)) {
+  if (!str::parse_int(*v, &out) || out < min || out > max) {
     throw Error(ErrorCode::kInvalidArgument,
-                str::cat(name, "='", *v, "' is not an integer"));
+                str::cat(name, "='", *v, "' is not an integer from ", min, " to ", max));
   }
   return out;
+}
+
+std::optional<std::chrono::milliseconds> get_duration(std::string_view name) {
+  auto v = get(name);
+  if (!v) return std::nullopt;
+  return parse_duration(*v, name);
+}
+
+std::string get_choice(std::string_view name, std::string_view fallback,
+                       const std::vector<std::string_view>& choices, std::string_view kind) {
+  auto v = get(name);
+  if (!v) return std::string(fallback);
+  std::string s = str::lower(str::strip(*v));
+  for (std::string_view c : choices) {
+    if (s == c) return s;
+  }
+  std::string listed;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    str::append(listed, i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ", choices[i]);
+  }
+  throw Error(ErrorCode::kInvalidArgument, str::cat(name, "='", *v, "' is not ", kind, "; use ", listed));
 }
 
 }  // namespace comms::env

@@ -13,32 +13,38 @@
 namespace comms::log {
 namespace {
 
-Level level_from_env() {
-  auto v = env::get("COMMS_LOG_LEVEL");
-  if (!v) return Level::kWarning;
-  std::string s = str::lower(*v);
-  if (s == "debug") return Level::kDebug;
-  if (s == "info") return Level::kInfo;
-  if (s == "error") return Level::kError;
-  return Level::kWarning;
-}
-
-const Level& threshold() {
-  static const Level level = level_from_env();
-  return level;
-}
-
 const std::string& rank_tag() {
   static const std::string tag = [] {
     for (const char* name : {"COMMS_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-      if (const char* v = std::getenv(name); v && *v) return std::string(v);
+      if (auto v = env::get(name)) return *v;
     }
     return std::string("?");
   }();
   return tag;
 }
 
+const Level& threshold() {
+  static const Level level = [] {
+    try {
+      return level_from_environment();
+    } catch (const std::exception& e) {
+      write(Level::kWarning, str::cat(e.what(), " (logging at warning)"));
+      return Level::kWarning;
+    }
+  }();
+  return level;
+}
+
 }  // namespace
+
+Level level_from_environment() {
+  const std::string s = env::get_choice("COMMS_LOG_LEVEL", "warning", {"debug", "info", "warning", "error"},
+                                        "a log level");
+  if (s == "debug") return Level::kDebug;
+  if (s == "info") return Level::kInfo;
+  if (s == "error") return Level::kError;
+  return Level::kWarning;
+}
 
 bool enabled(Level level) { return level >= threshold(); }
 

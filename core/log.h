@@ -9,6 +9,11 @@ namespace comms::log {
 
 enum class Level : int { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
+// COMMS_LOG_LEVEL, or kWarning when unset. Throws comms::Error naming the
+// variable when malformed; new_comm calls it so that a typo is an error. The
+// logger itself (which must not throw) logs at warning and says so instead.
+Level level_from_environment();
+
 bool enabled(Level level);
 // Writes one line: "comms[<rank>] W <message>". Thread-safe.
 void write(Level level, std::string_view message);

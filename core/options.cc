@@ -13,8 +13,12 @@ Hints parse_hints(const std::string& text) {
       throw Error(ErrorCode::kInvalidArgument,
                   str::cat("bad hint '", item, "' in '", text, "': expected key=value"));
     }
-    hints[std::string(str::strip(item.substr(0, eq)))] =
-        std::string(str::strip(item.substr(eq + 1)));
+    std::string key(str::strip(item.substr(0, eq)));
+    if (hints.count(key)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  str::cat("hint '", key, "' is given twice in '", text, "'; give each hint once"));
+    }
+    hints[std::move(key)] = std::string(str::strip(item.substr(eq + 1)));
   }
   return hints;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <set>
 
 #include "dist_state.h"
@@ -26,6 +27,23 @@ std::vector<int> digits(int index, const std::vector<int>& radices) {
   return out;
 }
 
+// An axis or world size: 1..kMaxWorldSize.
+void check_size(std::string_view what, int64_t v) {
+  if (v < 1) invalid(str::cat(what, " must be at least 1, got ", v));
+  if (v > kMaxWorldSize) {
+    invalid(str::cat(what, " = ", v, " is more than the largest supported world, ", kMaxWorldSize, " ranks"));
+  }
+}
+
+// The highest rank, rank_offset + world - 1, must stay below kMaxWorldSize.
+void check_offset(int64_t rank_offset, int64_t world) {
+  if (rank_offset < 0) invalid(str::cat("rank_offset must not be negative, got ", rank_offset));
+  if (rank_offset + world > kMaxWorldSize) {
+    invalid(str::cat("rank_offset ", rank_offset, " + ", world, " ranks goes past the largest supported world, ",
+                     kMaxWorldSize, " ranks"));
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -35,15 +53,21 @@ RankGenerator::RankGenerator(int tp, int ep, int dp, int pp, int cp, std::string
                              int rank_offset)
     : rank_offset_(rank_offset) {
   const std::array<int, 5> size_by_axis = {tp, pp, dp, ep, cp};  // kAxes order
+  int64_t world = 1;
   for (size_t i = 0; i < kAxes.size(); ++i) {
-    if (size_by_axis[i] < 1) invalid(str::cat(kAxes[i], " must be at least 1, got ", size_by_axis[i]));
+    check_size(kAxes[i], size_by_axis[i]);
+    world *= size_by_axis[i];  // both at most 2^20 here: no overflow in 64 bits
+    if (world > kMaxWorldSize) {
+      invalid(str::cat("tp*pp*dp*ep*cp = ", tp, "*", pp, "*", dp, "*", ep, "*", cp,
+                       " is more than the largest supported world, ", kMaxWorldSize, " ranks"));
+    }
   }
   if (ep > 1 && cp > 1) {
     invalid(str::cat("ep (", ep, ") and cp (", cp,
                      ") cannot both be above 1 in one rank generator: cp belongs to the dense "
                      "generator, ep to the expert one"));
   }
-  if (rank_offset < 0) invalid(str::cat("rank_offset must not be negative, got ", rank_offset));
+  check_offset(rank_offset, world);
   auto size_of_axis = [&](std::string_view axis) {
     return size_by_axis[static_cast<size_t>(std::find(kAxes.begin(), kAxes.end(), axis) - kAxes.begin())];
   };
@@ -160,26 +184,26 @@ const PlannedGroup* ParallelPlan::find(std::string_view name) const {
 }
 
 ParallelPlan plan_model_parallel(const ParallelConfig& c, int world_size, std::string_view world_backend) {
-  if (world_size < 1) invalid(str::cat("the world size must be at least 1, got ", world_size));
-  for (auto [axis, v] : {std::pair{"tp", c.tp}, {"pp", c.pp}, {"cp", c.cp}, {"ep", c.ep}}) {
-    if (v < 1) invalid(str::cat(axis, " must be at least 1, got ", v));
-  }
+  check_size("the world size", world_size);
+  for (auto [axis, v] : {std::pair{"tp", c.tp}, {"pp", c.pp}, {"cp", c.cp}, {"ep", c.ep}}) check_size(axis, v);
+  check_offset(c.rank_offset, world_size);
   ParallelPlan plan;
   plan.world_size = world_size;
-  const int model = c.tp * c.pp * c.cp;
+  // Each factor is at most 2^20: their products fit in 64 bits.
+  const int64_t model = int64_t{c.tp} * c.pp * c.cp;
   if (world_size % model != 0) {
     invalid(str::cat("the world size ", world_size, " is not divisible by tp*pp*cp = ", c.tp, "*", c.pp, "*",
                      c.cp, " = ", model));
   }
-  plan.dp = world_size / model;
+  plan.dp = static_cast<int>(world_size / model);
   plan.expert_tp = c.expert_tp.value_or(c.tp);
-  if (plan.expert_tp < 1) invalid(str::cat("expert_tp must be at least 1, got ", plan.expert_tp));
-  const int expert_model = plan.expert_tp * c.ep * c.pp;
+  check_size("expert_tp", plan.expert_tp);
+  const int64_t expert_model = int64_t{plan.expert_tp} * c.ep * c.pp;
   if (world_size % expert_model != 0) {
     invalid(str::cat("the world size ", world_size, " is not divisible by expert_tp*ep*pp = ", plan.expert_tp,
                      "*", c.ep, "*", c.pp, " = ", expert_model));
   }
-  plan.expert_dp = world_size / expert_model;
+  plan.expert_dp = static_cast<int>(world_size / expert_model);
 
   const RankGenerator dense(c.tp, 1, plan.dp, c.pp, c.cp, c.order, c.rank_offset);
   const RankGenerator expert(plan.expert_tp, c.ep, plan.expert_dp, c.pp, 1, c.order, c.rank_offset);
@@ -312,7 +336,7 @@ ProcessGroupCollection initialize_model_parallel(const ParallelConfig& config) {
   Group w = world();
   if (config.rank_offset < 0) invalid(str::cat("rank_offset must not be negative, got ", config.rank_offset));
   const int size = config.world_size.value_or(w.size() - config.rank_offset);
-  if (size < 1 || config.rank_offset + size > w.size()) {
+  if (size < 1 || int64_t{config.rank_offset} + size > w.size()) {
     invalid(str::cat("ranks [", config.rank_offset, ", ", config.rank_offset + size, ") do not fit in the world of ",
                      w.size(), " ranks"));
   }

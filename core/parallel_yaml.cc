@@ -1,6 +1,11 @@
 // Megatron's --nccl-communicator-config-path files, read with yaml-cpp.
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <yaml-cpp/yaml.h>
@@ -30,11 +35,21 @@ T scalar(const YAML::Node& n, const std::string& where, const char* type) {
   }
 }
 
+// The key of a map entry: a plain scalar, each at most once per map (yaml-cpp
+// keeps duplicates, and as<std::string>() throws on a map or list key).
+std::string key_of(const YAML::Node& key, const std::string& where, std::set<std::string>& seen) {
+  if (!key.IsScalar()) invalid(where + at(key), "a key must be a plain name, not a map, list or null");
+  std::string name = key.Scalar();
+  if (!seen.insert(name).second) invalid(where + at(key), str::cat("key '", name, "' is given twice"));
+  return name;
+}
+
 GlooOptions parse_gloo(const YAML::Node& node, const std::string& where) {
   if (!node.IsMap()) invalid(where + at(node), "expected a map of interface, hostname, busy_poll");
   GlooOptions g;
+  std::set<std::string> seen;
   for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = key_of(kv.first, where, seen);
     const std::string here = str::cat(where, ".", key);
     if (key == "interface") g.interface = scalar<std::string>(kv.second, here, "a string");
     else if (key == "hostname") g.hostname = scalar<std::string>(kv.second, here, "a string");
@@ -49,8 +64,9 @@ BackendOptions parse_group(const YAML::Node& node, const std::string& group) {
   if (node.IsNull()) return {};
   if (!node.IsMap()) invalid(where + at(node), "expected a map of communicator options");
   BackendOptions o;
+  std::set<std::string> seen;
   for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = key_of(kv.first, where, seen);
     const std::string here = str::cat(" '", group, ".", key, "'");
     if (key == "cga_cluster_size") o.nccl.cga_cluster_size = scalar<int>(kv.second, here, "an integer");
     else if (key == "max_ctas") o.nccl.max_ctas = scalar<int>(kv.second, here, "an integer");
@@ -86,9 +102,16 @@ std::map<std::string, BackendOptions> parse_communicator_config(std::string_view
   if (root.IsNull()) return out;
   if (!root.IsMap()) invalid(at(root), "expected a map from group name to options");
   const auto& names = group_names();
+  std::set<std::string> seen, canonical_seen;
   for (const auto& kv : root) {
-    const std::string group = kv.first.as<std::string>();
+    const std::string group = key_of(kv.first, "", seen);
     const bool alias = group == "ep_tp" || group == "tp_ep_mp" || group == "ep_dp";
+    const std::string canonical = group == "ep_tp" ? "expt_tp" : group == "tp_ep_mp" ? "tp_ep_pp"
+                                  : group == "ep_dp" ? "expt_dp" : group;
+    if (!canonical_seen.insert(canonical).second) {
+      invalid(str::cat(" '", group, "'", at(kv.first)),
+              str::cat("group '", canonical, "' is given twice (by its name and by Megatron's alias)"));
+    }
     if (!alias && std::find(names.begin(), names.end(), group) == names.end()) {
       invalid(str::cat(" '", group, "'", at(kv.first)),
               str::cat("unknown group; groups are ", str::join(names, ", "), " (and Megatron's ep_tp, tp_ep_mp, ep_dp)"));
@@ -99,6 +122,18 @@ std::map<std::string, BackendOptions> parse_communicator_config(std::string_view
 }
 
 std::map<std::string, BackendOptions> load_communicator_config(const std::string& path) {
+  // A directory opens as an empty stream and /dev/null reads as an empty
+  // (valid) config: both would silently give no options.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw Error(ErrorCode::kNotFound,
+                str::cat("communicator config '", path, "' cannot be read: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("communicator config '", path, "' is not a regular file (",
+                         S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket", "); give a YAML file"));
+  }
   std::ifstream in(path);
   if (!in) throw Error(ErrorCode::kNotFound, str::cat("communicator config '", path, "' cannot be read"));
   std::stringstream ss;

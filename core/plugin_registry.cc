@@ -41,8 +41,10 @@ std::string libcomms_dir() {
   return {};
 }
 
+constexpr std::string_view kLibVariablePrefix = "COMMS_BACKEND_LIB_";
+
 std::string env_lib_variable(std::string_view name) {
-  return str::cat("COMMS_BACKEND_LIB_", str::upper(name));
+  return str::cat(kLibVariablePrefix, str::upper(name));
 }
 
 }  // namespace
@@ -127,7 +129,15 @@ const LoadedPlugin& PluginRegistry::get(std::string_view raw_name) {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = loaded_.find(name); it != loaded_.end()) return it->second;
     const std::string path = find_file(name);
-    if (!path.empty()) return load_locked(name, path);
+    if (!path.empty()) {
+      const std::string variable = env_lib_variable(name);
+      try {
+        return load_locked(name, path);
+      } catch (const Error& e) {
+        if (env::get(variable) != path) throw;
+        throw Error(e.code(), str::cat(variable, "='", path, "': ", e.what()));
+      }
+    }
   }
   std::vector<std::string> available;
   for (const auto& p : discover()) {
@@ -167,13 +177,9 @@ std::vector<DiscoveredPlugin> PluginRegistry::discover() {
       if (seen.insert(name).second) candidates.emplace_back(name, p.path);
     }
   }
-  for (char** e = environ; e && *e; ++e) {
-    std::string_view kv(*e);
-    if (!std::string_view(kv).starts_with( "COMMS_BACKEND_LIB_")) continue;
-    auto eq = kv.find('=');
-    if (eq == std::string_view::npos || eq + 1 == kv.size()) continue;
-    std::string name = str::lower(kv.substr(18, eq - 18));
-    if (seen.insert(name).second) candidates.emplace_back(name, std::string(kv.substr(eq + 1)));
+  for (auto& [variable, path] : env::with_prefix(kLibVariablePrefix)) {
+    std::string name = str::lower(std::string_view(variable).substr(kLibVariablePrefix.size()));
+    if (seen.insert(name).second) candidates.emplace_back(name, path);
   }
   for (const auto& dir : search_dirs()) {
     DIR* d = opendir(dir.c_str());

@@ -14,6 +14,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -59,7 +60,15 @@ const OpInfo kOps[] = {
     {"send_recv", OpType::kSend, one, false},
 };
 
-size_t parse_size(const std::string& text) {
+// The largest size a row may have. Each rank holds two buffers of it.
+constexpr size_t kMaxBytes = size_t{1} << 40;
+
+[[noreturn]] void bad_flag(std::string_view flag, const std::string& why) {
+  throw Error(ErrorCode::kInvalidArgument, str::cat(flag, why));
+}
+
+// "4096", "4K", "1.5M", "2G" (binary units): a whole number of bytes, at most kMaxBytes.
+size_t parse_size(const std::string& text, std::string_view flag) {
   std::string_view t = str::strip(text);
   double scale = 1;
   if (!t.empty()) {
@@ -71,8 +80,41 @@ size_t parse_size(const std::string& text) {
     }
   }
   double v = 0;
-  if (!str::parse_double(t, &v) || v < 0) throw std::invalid_argument("bad size '" + text + "'");
+  // !(v >= 0) also rejects NaN.
+  if (!str::parse_double(t, &v) || !(v >= 0) || v * scale != std::floor(v * scale)) {
+    bad_flag(flag, str::cat("='", text, "' is not a size in bytes; use e.g. 4096, 4K, 1M or 2G (binary units)"));
+  }
+  if (v * scale > double(kMaxBytes)) {
+    bad_flag(flag, str::cat("='", text, "' is more than comms-bench runs, ", kMaxBytes >> 30, "G"));
+  }
   return static_cast<size_t>(v * scale);
+}
+
+// MemAvailable from /proc/meminfo, or 0 when unknown.
+size_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  size_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+// Rejects a range this run cannot do. `unit`: the bytes a size must be a
+// multiple of (one element, or one per rank where the size is the total).
+void check_range(const std::string& min_text, const std::string& max_text, size_t lo, size_t hi, size_t unit,
+                 const std::string& unit_why) {
+  if (lo > hi) {
+    bad_flag("-b/--minbytes", str::cat("='", min_text, "' (", lo, " bytes) is above -e/--maxbytes='", max_text, "' (",
+                                       hi, " bytes); give a minimum at most the maximum"));
+  }
+  for (auto [flag, text, bytes] : {std::tuple{"-b/--minbytes", &min_text, lo}, {"-e/--maxbytes", &max_text, hi}}) {
+    if (bytes % unit != 0) {
+      bad_flag(flag, str::cat("='", *text, "' (", bytes, " bytes) is not a multiple of ", unit, " bytes (", unit_why,
+                              ")"));
+    }
+  }
 }
 
 struct Row {
@@ -313,7 +355,7 @@ int main(int argc, char** argv) {
   app.add_option("-r,--redop", redop_name, "reduce op");
   app.add_option("-n,--iters", iters, "timed iterations")->check(CLI::PositiveNumber);
   app.add_option("-w,--warmup", warmup, "warm-up iterations")->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", check, "1: check results and report #wrong");
+  app.add_option("-c,--check", check, "1: check results and report #wrong")->check(CLI::Range(0, 1));
   app.add_flag("--inplace", inplace, "only in-place");
   app.add_flag("--outofplace", outofplace, "only out-of-place (default: both)");
   app.add_option("--backend", backend, "backend string (default COMMS_BACKEND, else the default map)");
@@ -332,12 +374,42 @@ int main(int argc, char** argv) {
     const auto* op = std::find_if(std::begin(kOps), std::end(kOps), [&](const OpInfo& o) { return op_name == o.name; });
     const DataType dtype = parse_data_type(dtype_name);
     const ReduceOp redop = parse_reduce_op(redop_name);
+    const size_t es = element_size(dtype);
+    // Checked before any rendezvous: every rank has the same flags.
+    const size_t lo = parse_size(min_size, "-b/--minbytes"), hi = parse_size(max_size, "-e/--maxbytes");
+    if (op->type != OpType::kBarrier) check_range(min_size, max_size, lo, hi, es, str::cat("one ", dtype_name, " element"));
     auto comm = new_comm(backend, Device::cpu(), "bench");
+    const auto& cfg = comm->impl().config();
+    // Sizes that are totals over ranks split into equal per-rank parts.
+    const size_t unit = op->size_is_total ? es * static_cast<size_t>(comm->size()) : es;
+    if (op->type != OpType::kBarrier) {
+      check_range(min_size, max_size, lo, hi, unit,
+                  op->size_is_total ? str::cat("one ", dtype_name, " element per rank, ", comm->size(), " ranks: ",
+                                               op->name, " splits the size among them")
+                                    : str::cat("one ", dtype_name, " element"));
+    }
+    // Two buffers of the largest size on every rank of this host. Ranks
+    // agree on the verdict (their free memory differs a little), so none
+    // is left waiting for the others.
+    const size_t avail = available_memory();
+    const double need = 2.0 * double(hi + 64) * cfg.local_size;
+    int32_t fits = op->type == OpType::kBarrier || avail == 0 || need <= double(avail) ? 1 : 0;
+    comm->all_reduce(BufferView::of(&fits, 1), ReduceOp::min());
+    if (!fits) {
+      bad_flag("-e/--maxbytes", str::cat("='", max_size, "' needs two buffers of ", hi, " bytes on each of the ",
+                                         cfg.local_size, " ranks of a host (", std::llround(need / (1 << 20)),
+                                         " MiB), more than its available memory (",
+                                         avail ? str::cat(avail >> 20, " MiB") : std::string("unknown here"),
+                                         "); give a smaller size or fewer ranks per host"));
+    }
     std::unique_ptr<gloo_backend::RawGloo> raw;
     if (raw_gloo || gloo_native || overhead) {
-      const auto& cfg = comm->impl().config();
+      // Reads wait as the backend's do: its resolved busy_poll.
+      const auto described = nlohmann::json::parse(comm->describe());
+      const std::string busy_poll = described["backends"]["cpu"]["config"].value("busy_poll", "auto");
       raw = std::make_unique<gloo_backend::RawGloo>(
           *make_prefix_store("raw-gloo", cfg.store), comm->rank(), comm->size(), cfg.local_size, comm->op_timeout(),
+          busy_poll,
           gloo_native ? gloo_backend::RawGloo::Baseline::kGlooNative : gloo_backend::RawGloo::Baseline::kSameAlgorithm);
     }
     // Rank 0's iteration counts rule, so every rank runs the same loop.
@@ -349,7 +421,6 @@ int main(int argc, char** argv) {
     if (!inplace || outofplace) placements.push_back(false);
     if (op->type == OpType::kBarrier || op->type == OpType::kSend || raw) placements = {false};
 
-    const size_t lo = parse_size(min_size), hi = std::max(lo, parse_size(max_size));
     std::vector<Row> rows;
     if (comm->rank() == 0) {
       std::printf("# comms-bench %s, %d ranks, backend %s%s, %d iterations (%d warm-up)\n", op->name, comm->size(),
@@ -385,9 +456,11 @@ int main(int argc, char** argv) {
         rows.push_back(std::move(r));
       }
       if (op->type == OpType::kBarrier) break;
-      const size_t next = static_cast<size_t>(std::ceil(double(bytes) * factor));
-      if (next <= bytes) break;
-      bytes = next;
+      // Steps between the flags round down to whole units (at least one more).
+      const double grown = std::ceil(double(bytes) * factor);
+      if (grown > double(hi)) break;  // also keeps the cast below in range
+      const size_t next = static_cast<size_t>(grown);
+      bytes = std::max(next - next % unit, bytes + unit);
     }
     int64_t total_wrong = 0;
     for (const auto& r : rows) total_wrong += r.wrong;

@@ -53,12 +53,7 @@ json environment_json() {
     auto value = env::get(name);
     env[name] = value ? json(*value) : json(nullptr);
   }
-  for (char** e = environ; e && *e; ++e) {
-    std::string_view kv(*e);
-    if (!kv.starts_with("COMMS_BACKEND_LIB_")) continue;
-    auto eq = kv.find('=');
-    env[std::string(kv.substr(0, eq))] = std::string(kv.substr(eq + 1));
-  }
+  for (const auto& [name, value] : env::with_prefix("COMMS_BACKEND_LIB_")) env[name] = value;
   return env;
 }
 
@@ -81,7 +76,13 @@ json explain_hints(const BackendSpec& spec, const Hints& hints) {
     std::string text;
     Status s = plugin.descriptor->explain_hints(routed[t], &text);
     if (!s.is_ok()) throw Error(s.code, str::cat(plugin.name, ": ", s.message));
-    const json explained = json::parse(text);  // items() must not outlive it
+    json explained;  // items() must not outlive it
+    try {
+      explained = json::parse(text);
+    } catch (const json::exception& e) {
+      throw Error(ErrorCode::kInternal, str::cat("plugin '", plugin.name, "' explained hints as invalid JSON (",
+                                                 e.what(), "): ", text));
+    }
     for (auto& [k, v] : explained.items()) out[k] = v;
   }
   return out;
@@ -199,6 +200,9 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "comms-info: %s: %s\n", std::string(to_string(e.code())).c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "comms-info: internal: %s\n", e.what());
     return 2;
   }
 }

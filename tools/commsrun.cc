@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "env.h"
 #include "strutil.h"
 #include "comms/error.h"
 #include "comms/store.h"
@@ -146,8 +147,7 @@ std::optional<std::string> find_program(const std::string& name) {
     if (::access(name.c_str(), X_OK) != 0) return std::nullopt;
     return name;
   }
-  const char* path = std::getenv("PATH");
-  std::string dirs = path && *path ? path : "/usr/local/bin:/usr/bin:/bin";
+  const std::string dirs = comms::env::get("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
   size_t start = 0;
   while (start <= dirs.size()) {
     size_t colon = dirs.find(':', start);

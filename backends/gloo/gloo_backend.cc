@@ -8,13 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -34,7 +34,11 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include <nlohmann/json.hpp>
+
 #include "algorithms.h"
+#include "bind_address.h"
+#include "comms/env.h"
 #include "reductions.h"
 #include "send_buffers.h"
 #include "sockets.h"
@@ -54,11 +58,6 @@ std::string cat(std::initializer_list<std::string_view> parts) {
   std::string out;
   for (auto p : parts) out.append(p);
   return out;
-}
-
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
 }
 
 // One transport device (and its event-loop thread) per bind address, shared
@@ -710,8 +709,7 @@ Status GlooBackend::set_hints(const Hints& hints) {
   for (const auto& [k, v] : hints) {
     if (k == "busy_poll") {
       GlooConfig cfg = config_;
-      Hints h{{k, v}};
-      Status s = resolve_config(h, init_.local_size, init_.size, init_.store_local_address, &cfg);
+      Status s = resolve_busy_poll(v, "hint gloo.busy_poll", init_.local_size, &cfg);
       if (!s.is_ok()) return s;
       config_.busy_poll = cfg.busy_poll;
       config_.busy_poll_enabled = cfg.busy_poll_enabled;
@@ -767,58 +765,96 @@ Status GlooBackend::finalize() {
 }
 
 std::string GlooBackend::describe() const {
-  std::ostringstream os;
-  os << "{\"transport\":\"tcp\",\"interface\":\"" << config_.interface << "\",\"hostname\":\""
-     << config_.hostname << "\",\"busy_poll\":\"" << config_.busy_poll
-     << "\",\"busy_poll_enabled\":" << (config_.busy_poll_enabled ? "true" : "false")
-     << ",\"spin_us\":" << config_.spin.count()
-     << ",\"sync_path_max_bytes\":" << kSyncPathMaxBytes
-     << ",\"op_timeout_ms\":" << op_timeout_.load().count() << "}";
-  return os.str();
+  nlohmann::ordered_json j;
+  j["transport"] = "tcp";
+  j["interface"] = config_.interface;
+  j["hostname"] = config_.hostname;
+  j["busy_poll"] = config_.busy_poll;
+  j["busy_poll_enabled"] = config_.busy_poll_enabled;
+  j["spin_us"] = config_.spin.count();
+  j["sync_path_max_bytes"] = kSyncPathMaxBytes;
+  j["op_timeout_ms"] = op_timeout_.load().count();
+  return j.dump();
 }
 
 }  // namespace
 
+Status resolve_busy_poll(const std::string& value, const std::string& source, int local_size, GlooConfig* cfg) {
+  std::string mode = value;
+  for (char& c : mode) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (mode != "auto") {
+    try {
+      mode = env::parse_bool(value, source) ? "1" : "0";
+    } catch (const Error&) {
+      return {ErrorCode::kInvalidArgument,
+              cat({source, "='", value, "' is not auto or a boolean; use auto, 1/0, true/false, yes/no or on/off"})};
+    }
+  }
+  cfg->busy_poll = mode;
+  cfg->spin = read_spin(mode, local_size);
+  cfg->busy_poll_enabled = mode == "1" || cfg->spin.count() > 0;
+  return {};
+}
+
 Status resolve_config(const Hints& hints, int local_size, int size,
                       const std::string& store_local_address, GlooConfig* out) {
   GlooConfig cfg;
-  cfg.interface = env_or("COMMS_GLOO_IFNAME", "");
-  cfg.hostname = env_or("COMMS_GLOO_HOSTNAME", "");
-  cfg.busy_poll = env_or("COMMS_GLOO_BUSY_POLL", std::string(kDefaultBusyPoll));
+  // Each setting with where it came from, for messages.
+  std::string interface_from = "COMMS_GLOO_IFNAME", hostname_from = "COMMS_GLOO_HOSTNAME";
+  std::string busy_poll_from = "COMMS_GLOO_BUSY_POLL";
+  cfg.interface = env::get("COMMS_GLOO_IFNAME").value_or("");
+  cfg.hostname = env::get("COMMS_GLOO_HOSTNAME").value_or("");
+  std::string busy_poll = env::get("COMMS_GLOO_BUSY_POLL").value_or(std::string(kDefaultBusyPoll));
+  if (hints.count("interface") && hints.count("hostname")) {
+    return {ErrorCode::kInvalidArgument,
+            cat({"hints gloo.interface='", hints.find("interface")->second, "' and gloo.hostname='",
+                 hints.find("hostname")->second, "' are both given; give one"})};
+  }
   for (const auto& [k, v] : hints) {
     if (k == "interface") {
       cfg.interface = v;
+      interface_from = "hint gloo.interface";
       cfg.hostname.clear();
+      if (v.empty()) return {ErrorCode::kInvalidArgument, "hint gloo.interface is empty; name a network interface"};
     } else if (k == "hostname") {
       cfg.hostname = v;
+      hostname_from = "hint gloo.hostname";
       cfg.interface.clear();
+      if (v.empty()) return {ErrorCode::kInvalidArgument, "hint gloo.hostname is empty; give a host name or address"};
     } else if (k == "busy_poll") {
-      cfg.busy_poll = v;
+      busy_poll = v;
+      busy_poll_from = "hint gloo.busy_poll";
     } else {
       return {ErrorCode::kInvalidArgument, cat({"unknown gloo hint '", k, "'"})};
     }
   }
-  if (cfg.busy_poll != "auto" && cfg.busy_poll != "1" && cfg.busy_poll != "0") {
-    return {ErrorCode::kInvalidArgument,
-            cat({"gloo busy_poll='", cfg.busy_poll, "' is not auto, 1 or 0"})};
-  }
+  Status s = resolve_busy_poll(busy_poll, busy_poll_from, local_size, &cfg);
+  if (!s.is_ok()) return s;
   if (!cfg.interface.empty() && !cfg.hostname.empty()) {
     return {ErrorCode::kInvalidArgument,
-            "set either a Gloo interface or a hostname, not both (COMMS_GLOO_IFNAME and COMMS_GLOO_HOSTNAME)"};
+            cat({"COMMS_GLOO_IFNAME='", cfg.interface, "' and COMMS_GLOO_HOSTNAME='", cfg.hostname,
+                 "' are both set; set either a Gloo interface or a host name, not both"})};
   }
   if (cfg.interface.empty() && cfg.hostname.empty()) {
     // The address that reaches the store reaches the other hosts too. With
     // no TCP store, a job on one host stays on loopback.
-    if (!store_local_address.empty()) cfg.hostname = store_local_address;
-    else if (local_size >= size) cfg.hostname = "127.0.0.1";
-    else {
+    if (!store_local_address.empty()) {
+      cfg.hostname = store_local_address;
+      hostname_from = "the address this process reaches the store from";
+    } else if (local_size >= size) {
+      cfg.hostname = "127.0.0.1";
+      hostname_from = "the default bind address";
+    } else {
       char host[256] = {};
       gethostname(host, sizeof host - 1);
       cfg.hostname = host;
+      hostname_from = "this host's name (gethostname(2); set COMMS_GLOO_IFNAME or COMMS_GLOO_HOSTNAME)";
     }
   }
-  cfg.spin = read_spin(cfg.busy_poll, local_size);
-  cfg.busy_poll_enabled = cfg.busy_poll == "1" || cfg.spin.count() > 0;
+  // Gloo crashes or throws on what it cannot bind: check it here first.
+  s = cfg.interface.empty() ? check_hostname(cfg.hostname, hostname_from)
+                            : check_interface(cfg.interface, interface_from);
+  if (!s.is_ok()) return s;
   *out = std::move(cfg);
   return {};
 }

@@ -1,5 +1,5 @@
 // The plugin entry point of libcomms-gloo.so.
-#include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "comms/plugin.h"
 #include "gloo_backend.h"
@@ -14,10 +14,9 @@ Status explain(const comms::Hints& hints, std::string* json) {
   // A dry run has no store connection: report what a single-host job binds.
   Status s = comms::gloo_backend::resolve_config(hints, 1, 1, "", &cfg);
   if (!s.is_ok()) return s;
-  std::ostringstream os;
-  os << "{\"gloo_config\":{\"interface\":\"" << cfg.interface << "\",\"hostname\":\"" << cfg.hostname
-     << "\",\"busy_poll\":\"" << cfg.busy_poll << "\"}}";
-  *json = os.str();
+  nlohmann::ordered_json j;
+  j["gloo_config"] = {{"interface", cfg.interface}, {"hostname", cfg.hostname}, {"busy_poll", cfg.busy_poll}};
+  *json = j.dump();
   return {};
 }
 

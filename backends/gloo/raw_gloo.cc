@@ -76,7 +76,7 @@ class RawGloo::Impl {
 };
 
 RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::milliseconds timeout,
-                 Baseline baseline)
+                 std::string_view mode, Baseline baseline)
     : impl_(std::make_unique<Impl>()) {
   impl_->rank = rank;
   impl_->size = size;
@@ -91,8 +91,6 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
     ctx->connectFullMesh(a, impl_->device);
     *which = ctx;
   }
-  const char* env = std::getenv("COMMS_GLOO_BUSY_POLL");  // as the backend decides
-  const std::string_view mode = env && *env ? env : kDefaultBusyPoll;
   for (int r = 0; r < size; ++r) {
     if (r != rank) impl_->sync_ctx->getPair(r)->setSync(true, mode == "1");
   }

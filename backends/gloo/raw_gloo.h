@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "comms/plugin.h"
 #include "comms/store.h"
@@ -23,10 +24,11 @@ class RawGloo {
     kGlooNative,     // Gloo's own algorithm classes where the backend has its own
   };
 
-  // Connects an async mesh and a sync mesh (waiting on reads as the backend
-  // would) over `store`. Collective over the job.
+  // Connects an async mesh and a sync mesh over `store`. Collective over the
+  // job. busy_poll: "auto", "1" or "0", as the backend resolved it (its
+  // describe()), so reads wait as the backend's do.
   RawGloo(Store& store, int rank, int size, int local_size, std::chrono::milliseconds timeout,
-          Baseline baseline = Baseline::kSameAlgorithm);
+          std::string_view busy_poll, Baseline baseline = Baseline::kSameAlgorithm);
   ~RawGloo();
   RawGloo(const RawGloo&) = delete;
   RawGloo& operator=(const RawGloo&) = delete;

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "comms/env.h"
+
 namespace comms::nccl {
 namespace {
 
@@ -123,8 +125,8 @@ std::string nccl_version_string(int code) {
 
 std::optional<std::string> canonical_net_name(std::string_view name) {
   std::vector<std::string> known = {"IB", "Socket"};
-  if (const char* extra = std::getenv("COMMS_NCCL_NET_NAMES")) {
-    std::string_view rest(extra);
+  if (const auto extra = comms::env::get("COMMS_NCCL_NET_NAMES")) {
+    std::string_view rest(*extra);  // a view of *extra, which outlives the loop
     while (!rest.empty()) {
       const size_t comma = rest.find(',');
       std::string item = trim(rest.substr(0, comma));

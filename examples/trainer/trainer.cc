@@ -339,5 +339,8 @@ int main(int argc, char** argv) {
   } catch (const comms::Error& e) {
     std::fprintf(stderr, "trainer: %s\n", e.what());
     return 1;
+  } catch (const std::exception& e) {  // a bug, but report it rather than abort
+    std::fprintf(stderr, "trainer: unexpected error: %s\n", e.what());
+    return 1;
   }
 }

@@ -65,7 +65,8 @@ struct BackendOptions {
 // is_high_priority_stream -> nccl.high_priority_stream, cga_cluster_size ->
 // nccl.cga_cluster_size, ..., gloo.interface, gloo.hostname, gloo.busy_poll.
 // Lossless: every set field becomes exactly one key, prefixed with its
-// backend so it can never be routed to another.
+// backend so it can never be routed to another. A field also given as a raw
+// hint (options.hints) throws kInvalidArgument naming the key.
 Hints to_hints(const BackendOptions& options);
 
 struct InitOptions {

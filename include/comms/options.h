@@ -19,7 +19,9 @@ class Store;
 using Hints = std::map<std::string, std::string, std::less<>>;
 
 // Parses "k=v,k=v" (whitespace around items ignored). Throws
-// comms::Error(kInvalidArgument) on an item without '='.
+// comms::Error(kInvalidArgument) on an item without '=' and on a key given
+// twice. (A key given both bare and prefixed, "max_ctas" and
+// "nccl.max_ctas", is an error when the comm routes its hints.)
 Hints parse_hints(const std::string& text);
 std::string format_hints(const Hints& hints);
 

@@ -28,6 +28,12 @@ namespace comms::dist {
 
 using RankLists = std::vector<std::vector<int>>;
 
+// The largest layout described here: every axis size, the world size, and
+// rank_offset + world size are at most 2^20 (1,048,576) ranks. Larger values
+// are kInvalidArgument errors, so products of axis sizes never overflow and
+// a typo ("world=2147483647") cannot allocate without bound.
+inline constexpr int kMaxWorldSize = 1 << 20;
+
 // Megatron-LM's RankGenerator. The order string ("tp-cp-ep-dp-pp") lists the
 // axes, leftmost varying fastest; axes of size 1 that it leaves out are
 // appended; leaving out an axis larger than 1 is an error. ep and cp are never

@@ -472,8 +472,7 @@ int main(int argc, char** argv) {
   CLI::App app{"comms-conformance: the backend conformance suite. Run it under a launcher, e.g.\n"
                "  commsrun -n 4 -- comms-conformance --backend cpu:gloo"};
   SuiteOptions options;
-  const char* env_backend = std::getenv("COMMS_BACKEND");
-  options.backend = env_backend ? env_backend : "";
+  options.backend = comms::env::get("COMMS_BACKEND").value_or("");
   std::string device = "cpu";
   double op_timeout_s = 60, case_timeout_s = 120;
   app.add_option("--backend", options.backend, "backend string (default: COMMS_BACKEND)");

@@ -46,4 +46,67 @@ TEST(CommsInfoParallel, AnInvalidLayoutExitsNonZeroWithTheReason) {
   EXPECT_NE(p.output.find("needs world=N"), std::string::npos) << p.output;
 }
 
+TEST(CommsInfoParallel, HugeAndOverflowingLayoutsAreRefusedAtOnceNamingTheMaximum) {
+  // These aborted with std::bad_alloc, ran without bound, or overflowed int.
+  for (const char* layout : {"world=2147483647", "world=100000000", "world=2000000000,tp=2000000000,pp=2000000000",
+                             "world=8,rank_offset=2147483645"}) {
+    auto p = run({COMMS_INFO, "--parallel", layout, "--json"}, {}, 20s);
+    EXPECT_EQ(p.exit_code(), 2) << layout << ": " << p.output;
+    EXPECT_LT(p.elapsed_s(), 10.0) << layout;
+    EXPECT_NE(p.output.find("comms-info: invalid_argument: "), std::string::npos) << layout << ": " << p.output;
+    EXPECT_NE(p.output.find("the largest supported world, 1048576 ranks"), std::string::npos) << layout << ": "
+                                                                                              << p.output;
+  }
+}
+
+TEST(CommsInfoHints, AGlooHostNameWithAQuoteIsRefusedWithTheReasonNotAnAbort) {
+  auto p = run({COMMS_INFO, "--backend", "gloo", "--hints", "hostname=a\"b", "--json"}, {}, 30s);
+  EXPECT_EQ(p.exit_code(), 2) << p.output;  // was 134: unescaped JSON, then an uncaught parse error
+  EXPECT_NE(p.output.find("hint gloo.hostname='a\"b' does not resolve"), std::string::npos) << p.output;
+}
+
+TEST(CommsInfoHints, TheGlooDryRunIsValidJsonWithTheResolvedSettings) {
+  auto p = run({COMMS_INFO, "--backend", "gloo", "--hints", "interface=lo,busy_poll=off", "--json"}, {}, 30s);
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  const auto j = nlohmann::json::parse(p.output);
+  EXPECT_EQ(j["gloo_config"]["interface"], "lo");
+  EXPECT_EQ(j["gloo_config"]["hostname"], "");
+  EXPECT_EQ(j["gloo_config"]["busy_poll"], "0");
+}
+
+TEST(CommsInfoHints, AHintGivenTwiceUnderAnySpellingIsAnError) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"busy_poll=1,busy_poll=0", "hint 'busy_poll' is given twice in 'busy_poll=1,busy_poll=0'"},
+      {"busy_poll=1,gloo.busy_poll=1",
+       "hints 'busy_poll' and 'gloo.busy_poll' of comm 'comms-info' both set gloo's 'busy_poll'; give it once"},
+  };
+  for (const auto& [twice, why] : cases) {
+    auto p = run({COMMS_INFO, "--backend", "gloo", "--hints", twice, "--json"}, {}, 30s);
+    EXPECT_EQ(p.exit_code(), 2) << twice << ": " << p.output;
+    EXPECT_NE(p.output.find(why), std::string::npos) << p.output;
+  }
+}
+
+TEST(CommsInfoHints, NcclMaxCtasGivenTwiceIsAnError) {
+  // The issue's spelling; the plugin's dry run needs no GPU, only the plugin.
+  auto info = run({COMMS_INFO, "--json"}, {}, 30s);
+  ASSERT_EQ(info.exit_code(), 0) << info.output;
+  bool have_nccl = false;
+  const auto listed = nlohmann::json::parse(info.output);  // outlives the loop over its plugins
+  for (const auto& p : listed["plugins"]) {
+    have_nccl = have_nccl || (p["name"] == "nccl" && !p.contains("error"));
+  }
+  if (!have_nccl) GTEST_SKIP() << "this build has no loadable nccl plugin";
+  const std::pair<const char*, const char*> cases[] = {
+      {"max_ctas=8,max_ctas=9", "hint 'max_ctas' is given twice in 'max_ctas=8,max_ctas=9'"},
+      {"max_ctas=8,nccl.max_ctas=9", "hints 'max_ctas' and 'nccl.max_ctas' of comm 'comms-info' both set nccl's "
+                                     "'max_ctas'; give it once"},
+  };
+  for (const auto& [twice, why] : cases) {
+    auto p = run({COMMS_INFO, "--backend", "nccl", "--hints", twice, "--json"}, {}, 30s);
+    EXPECT_EQ(p.exit_code(), 2) << twice << ": " << p.output;
+    EXPECT_NE(p.output.find(why), std::string::npos) << p.output;
+  }
+}
+
 }  // namespace

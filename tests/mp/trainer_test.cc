@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <regex>
 #include <thread>
 
@@ -69,6 +71,29 @@ TEST(Trainer, AnUnknownBackendFailsFastNamingItAndTheAvailableOnes) {
   EXPECT_LT(p.elapsed_s(), 10.0);
   EXPECT_NE(p.output.find("'nope'"), std::string::npos) << p.output;
   EXPECT_NE(p.output.find("available backends: gloo"), std::string::npos) << p.output;
+}
+
+TEST(Trainer, AGlooHostNameThatDoesNotResolveFailsNamingItInsteadOfCrashingInGloo) {
+  // Gloo's CreateDevice used to get this value unchecked: ranks died of SIGSEGV.
+  auto p = run({COMMSRUN, "-n", "2", "--", TRAINER, "--steps", "2"},
+               {{"COMMS_BACKEND", "cpu:gloo"}, {"COMMS_GLOO_HOSTNAME", "-1"}}, 60s);
+  EXPECT_EQ(p.exit_code(), 1) << p.output;
+  EXPECT_EQ(p.output.find("killed by signal"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("COMMS_GLOO_HOSTNAME='-1' does not resolve"), std::string::npos) << p.output;
+}
+
+TEST(Trainer, ACommunicatorConfigWithAListAsAKeyFailsNamingTheFileAndLine) {
+  // yaml-cpp's BadConversion escaped the trainer's catch and aborted it.
+  const std::string path = ::testing::TempDir() + "/trainer_list_key.yaml";
+  std::ofstream(path) << "tp: {}\n[dp]: {max_ctas: 1}\n";
+  auto p = run({COMMSRUN, "-n", "2", "--", TRAINER, "--steps", "2", "--parallel", "tp=2",
+                "--nccl-communicator-config-path", path},
+               {{"COMMS_BACKEND", "cpu:gloo"}}, 60s);
+  std::remove(path.c_str());
+  EXPECT_EQ(p.exit_code(), 1) << p.output;
+  EXPECT_EQ(p.output.find("killed by signal"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find(path + ": communicator config (line 2): a key must be a plain name"), std::string::npos)
+      << p.output;
 }
 
 TEST(Trainer, ARankKilledMidRunMakesTheOthersFailWithoutHanging) {

@@ -2,6 +2,9 @@
 // collection, and the communicator-config YAML.
 #include <gtest/gtest.h>
 
+#include <climits>
+#include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "comms/parallel.h"
@@ -105,7 +108,33 @@ TEST(RankGenerator, RejectsBadConfigurationsSayingWhy) {
   EXPECT_ERROR_MENTIONS(g.get_ranks("tp-zz"), "names 'zz'");
 }
 
+TEST(RankGenerator, SizesAndOffsetsBeyondTheMaximumWorldAreRefusedBeforeAnyRankOverflows) {
+  static_assert(kMaxWorldSize == 1 << 20);
+  EXPECT_ERROR_MENTIONS(RankGenerator(1, 1, kMaxWorldSize + 1, 1, 1), "dp = 1048577 is more than the largest supported world, 1048576 ranks");
+  // 2^16 * 2^16 = 2^32 overflows an int; the product is refused instead.
+  EXPECT_ERROR_MENTIONS(RankGenerator(1 << 16, 1, 1 << 16, 1, 1), "tp*pp*dp*ep*cp = 65536*1*65536*1*1 is more than the largest supported world");
+  EXPECT_ERROR_MENTIONS(RankGenerator(2, 1, 2, 1, 1, "tp-dp", INT32_MAX - 1), "rank_offset 2147483646 + 4 ranks goes past the largest supported world");
+  const RankGenerator last(2, 1, 2, 1, 1, "tp-dp", kMaxWorldSize - 4);
+  EXPECT_EQ(last.get_ranks("tp").back(), (std::vector<int>{kMaxWorldSize - 2, kMaxWorldSize - 1}));
+}
+
 // ---------------------------------------------------------------------------
+
+TEST(ParallelPlan, AWorldBeyondTheMaximumIsRefusedNotAllocated) {
+  ParallelConfig c;
+  EXPECT_ERROR_MENTIONS(plan_model_parallel(c, 2147483647), "the world size = 2147483647 is more than the largest supported world, 1048576 ranks");
+  EXPECT_ERROR_MENTIONS(plan_model_parallel(c, 100000000), "the world size = 100000000 is more than");
+  c.tp = 2000000000;
+  c.pp = 2000000000;
+  EXPECT_ERROR_MENTIONS(plan_model_parallel(c, 2000000000), "is more than the largest supported world");
+  // Within the bound, products of sizes never overflow: 2^10 * 2^10 * 2^10 is
+  // refused as not dividing the world, with the true product.
+  c.tp = c.pp = c.cp = 1 << 10;
+  EXPECT_ERROR_MENTIONS(plan_model_parallel(c, 1 << 20), "not divisible by tp*pp*cp = 1024*1024*1024 = 1073741824");
+  c = {};
+  c.rank_offset = 2147483000;
+  EXPECT_ERROR_MENTIONS(plan_model_parallel(c, 1000), "rank_offset 2147483000 + 1000 ranks goes past the largest supported world");
+}
 
 TEST(ParallelPlan, DerivesDpFromTheWorldAndRejectsAnIndivisibleWorld) {
   ParallelConfig c;
@@ -225,6 +254,39 @@ TEST(CommunicatorConfig, RejectsUnknownGroupsKeysValuesAndTypesNamingThem) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kNotFound);
   }
+}
+
+TEST(CommunicatorConfig, AKeyThatIsAListOrMapIsAnErrorNamingTheLineNotAnAbort) {
+  // yaml-cpp's as<std::string>() threw YAML::BadConversion on these.
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("[dp]: {max_ctas: 1}\n"),
+                        "communicator config (line 1): a key must be a plain name, not a map, list or null");
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dp:\n  {a: 1}: 2\n"),
+                        "communicator config 'dp' (line 2): a key must be a plain name");
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dp_gloo:\n  gloo:\n    [x]: 1\n"),
+                        "communicator config 'dp_gloo.gloo' (line 3): a key must be a plain name");
+}
+
+TEST(CommunicatorConfig, AKeyGivenTwiceIsAnErrorNotLastOneWins) {
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dp: {max_ctas: 1}\ntp: {}\ndp: {max_ctas: 2}\n"),
+                        "communicator config (line 3): key 'dp' is given twice");
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("dp:\n  max_ctas: 1\n  max_ctas: 2\n"),
+                        "communicator config 'dp' (line 3): key 'max_ctas' is given twice");
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("expt_dp: {}\nep_dp: {}\n"),
+                        "group 'expt_dp' is given twice (by its name and by Megatron's alias)");
+}
+
+TEST(CommunicatorConfig, APathThatIsNotARegularFileIsRefusedNamingIt) {
+  const std::string dir = ::testing::TempDir();
+  EXPECT_ERROR_MENTIONS(load_communicator_config(dir), "communicator config '" + dir + "' is not a regular file (a directory)");
+  EXPECT_ERROR_MENTIONS(load_communicator_config("/dev/null"),
+                        "communicator config '/dev/null' is not a regular file (a device, pipe or socket)");
+}
+
+TEST(CommunicatorConfig, ErrorsFromAFileNameTheFile) {
+  const std::string path = ::testing::TempDir() + "/comms_config_list_key.yaml";
+  std::ofstream(path) << "tp: {max_ctas: 8}\n[dp]: {max_ctas: 1}\n";
+  EXPECT_ERROR_MENTIONS(load_communicator_config(path), path + ": communicator config (line 2): a key must be a plain name");
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -102,6 +102,24 @@ TEST_F(HintRouting, AKeyKnownToTwoBackendsMustBePrefixed) {
   }
 }
 
+TEST_F(HintRouting, TheSameHintBareAndPrefixedIsAnErrorNotLastOneWins) {
+  const std::pair<Hints, std::string> cases[] = {
+      {{{"min_ctas", "8"}, {"fakegpu.min_ctas", "9"}},
+       "hints 'fakegpu.min_ctas' and 'min_ctas' of comm 't' both set fakegpu's 'min_ctas'; give it once"},
+      {{{"busy_poll", "1"}, {"gloo.busy_poll", "0"}},
+       "hints 'busy_poll' and 'gloo.busy_poll' of comm 't' both set gloo's 'busy_poll'; give it once"},
+  };
+  for (const auto& [twice, why] : cases) {
+    try {
+      internal::route_hints(twice, both(), "t");
+      ADD_FAILURE() << format_hints(twice) << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(std::string(e.what()), why);
+    }
+  }
+}
+
 TEST_F(HintRouting, UnknownKeysAreErrorsUnlessStrictIsOff) {
   EXPECT_THROW(internal::route_hints({{"no_such_key", "1"}}, both(), "t"), Error);
   EXPECT_THROW(internal::route_hints({{"gloo.min_ctas", "1"}}, both(), "t"), Error);

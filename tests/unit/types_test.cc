@@ -109,13 +109,33 @@ TEST(Options, HintsParseAndFormat) {
   EXPECT_THROW(parse_hints("=1"), Error);
 }
 
+TEST(Hints, AKeyGivenTwiceIsAnErrorNotLastOneWins) {
+  for (const char* text : {"max_ctas=8,max_ctas=9", "max_ctas=8, max_ctas =8"}) {
+    try {
+      parse_hints(text);
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(std::string(e.what()),
+                std::string("hint 'max_ctas' is given twice in '") + text + "'; give each hint once");
+    }
+  }
+}
+
 TEST(Environment, DurationsAcceptUnitsAndRejectJunk) {
   EXPECT_EQ(env::parse_duration("250ms", "X").count(), 250);
   EXPECT_EQ(env::parse_duration("30s", "X").count(), 30000);
   EXPECT_EQ(env::parse_duration("2m", "X").count(), 120000);
   EXPECT_EQ(env::parse_duration("1.5", "X").count(), 1500);
-  for (const char* bad : {"", "0", "-1s", "ten", "5 parsecs"}) {
-    EXPECT_THROW(env::parse_duration(bad, "COMMS_OP_TIMEOUT"), Error) << bad;
+  for (const char* bad : {"", "0", "-1s", "ten", "5 parsecs", "nan", "NaNs", "inf", "1e300h"}) {
+    try {
+      const auto d = env::parse_duration(bad, "COMMS_OP_TIMEOUT");
+      ADD_FAILURE() << "'" << bad << "' was read as " << d.count() << " ms";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("COMMS_OP_TIMEOUT='") + bad + "' is not a positive duration"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -1,0 +1,202 @@
+// Every variable of docs/ENVIRONMENT.md is checked where it is read: a
+// malformed value is an error naming the variable and the value. The test
+// walks the whole table; a variable added to it without a malformed case
+// here, or a reason why it has none, fails the first test.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "comm_impl.h"
+#include "comms/comms.h"
+#include "env.h"
+#include "subprocess.h"
+
+namespace comms {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Malformed {
+  std::string variable;  // as set: a family (COMMS_BACKEND_LIB_<NAME>) sets one member
+  std::string value;
+  std::map<std::string, std::string> with = {};  // what it is read together with
+};
+
+// For each documented variable: a malformed value, or why it has none.
+struct Decision {
+  std::optional<Malformed> malformed;
+  const char* no_malformed_form = nullptr;
+};
+
+const std::map<std::string, Decision>& decisions() {
+  static const std::map<std::string, std::string> rank0 = {{"COMMS_RANK", "0"}, {"COMMS_WORLD_SIZE", "1"}};
+  static const std::map<std::string, Decision> d = {
+      {"COMMS_BACKEND", {Malformed{"COMMS_BACKEND", "cpu=gloo"}}},
+      {"COMMS_ROUTE", {Malformed{"COMMS_ROUTE", "sideways"}}},
+      {"COMMS_INIT_TIMEOUT", {Malformed{"COMMS_INIT_TIMEOUT", "soon"}}},
+      {"COMMS_OP_TIMEOUT", {Malformed{"COMMS_OP_TIMEOUT", "nan"}}},
+      {"COMMS_STORE", {Malformed{"COMMS_STORE", "http://host:1"}}},
+      {"COMMS_LAUNCHER_STORE",
+       {Malformed{"COMMS_LAUNCHER_STORE", "maybe", {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}}}}},
+      {"COMMS_PLUGIN_PATH", {std::nullopt, "a list of directories, searched in turn; one that does not exist is "
+                                           "skipped, as PATH does"}},
+      {"COMMS_BACKEND_LIB_<NAME>", {Malformed{"COMMS_BACKEND_LIB_GLOO", "/nonexistent/libcomms-gloo.so"}}},
+      {"COMMS_HINTS_STRICT", {Malformed{"COMMS_HINTS_STRICT", "maybe"}}},
+      {"COMMS_LOG_LEVEL", {Malformed{"COMMS_LOG_LEVEL", "abc"}}},
+      {"COMMS_RANK", {Malformed{"COMMS_RANK", "first", {{"COMMS_WORLD_SIZE", "1"}}}}},
+      {"COMMS_WORLD_SIZE", {Malformed{"COMMS_WORLD_SIZE", "one", {{"COMMS_RANK", "0"}}}}},
+      {"COMMS_LOCAL_RANK", {Malformed{"COMMS_LOCAL_RANK", "-1", rank0}}},
+      {"COMMS_LOCAL_WORLD_SIZE", {Malformed{"COMMS_LOCAL_WORLD_SIZE", "0", rank0}}},
+      {"RANK", {Malformed{"RANK", "0x0", {{"WORLD_SIZE", "1"}}}}},
+      {"WORLD_SIZE", {Malformed{"WORLD_SIZE", "1.0", {{"RANK", "0"}}}}},
+      {"LOCAL_RANK", {Malformed{"LOCAL_RANK", "zero", {{"RANK", "0"}, {"WORLD_SIZE", "1"}}}}},
+      {"LOCAL_WORLD_SIZE", {Malformed{"LOCAL_WORLD_SIZE", "many", {{"RANK", "0"}, {"WORLD_SIZE", "1"}}}}},
+      // Rank 0 of a one-rank job hosts the store, so the address is resolved at once.
+      {"MASTER_ADDR", {Malformed{"MASTER_ADDR", "-1", {{"MASTER_PORT", "1"}}}}},
+      {"MASTER_PORT", {Malformed{"MASTER_PORT", "http", {{"MASTER_ADDR", "127.0.0.1"}}}}},
+      {"OMPI_COMM_WORLD_RANK", {Malformed{"OMPI_COMM_WORLD_RANK", "r0", {{"OMPI_COMM_WORLD_SIZE", "1"}}}}},
+      {"OMPI_COMM_WORLD_SIZE", {Malformed{"OMPI_COMM_WORLD_SIZE", "-1", {{"OMPI_COMM_WORLD_RANK", "0"}}}}},
+      {"OMPI_COMM_WORLD_LOCAL_RANK",
+       {Malformed{"OMPI_COMM_WORLD_LOCAL_RANK", "x",
+                  {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}}}}},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE",
+       {Malformed{"OMPI_COMM_WORLD_LOCAL_SIZE", "x",
+                  {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}}}}},
+      {"PMI_RANK", {Malformed{"PMI_RANK", "r1", {{"PMI_SIZE", "2"}}}}},
+      {"PMI_SIZE", {Malformed{"PMI_SIZE", "2k", {{"PMI_RANK", "0"}}}}},
+      {"MPI_LOCALRANKID", {Malformed{"MPI_LOCALRANKID", "x", {{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}}}}},
+      {"MPI_LOCALNRANKS", {Malformed{"MPI_LOCALNRANKS", "x", {{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}}}}},
+      {"SLURM_PROCID", {Malformed{"SLURM_PROCID", "x", {{"SLURM_NTASKS", "1"}}}}},
+      {"SLURM_NTASKS", {Malformed{"SLURM_NTASKS", "x", {{"SLURM_PROCID", "0"}}}}},
+      {"SLURM_LOCALID", {Malformed{"SLURM_LOCALID", "x", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}}}},
+      {"SLURM_NTASKS_PER_NODE",
+       {Malformed{"SLURM_NTASKS_PER_NODE", "x4", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}}}},
+      {"PATH", {std::nullopt, "a list of directories commsrun searches for the program, as execvp(3) does; "
+                              "one that does not exist is skipped"}},
+      {"COMMS_GLOO_IFNAME", {Malformed{"COMMS_GLOO_IFNAME", "nosuchif0"}}},
+      {"COMMS_GLOO_HOSTNAME", {Malformed{"COMMS_GLOO_HOSTNAME", "-1"}}},
+      {"COMMS_GLOO_BUSY_POLL", {Malformed{"COMMS_GLOO_BUSY_POLL", "sometimes"}}},
+      {"COMMS_NCCL_NET_NAMES", {std::nullopt, "names of NCCL net plugins: any comma-separated names are accepted; "
+                                              "they only widen what the nccl.net_name hint accepts"}},
+      {"COMMS_TEST_REPORT_DIR", {std::nullopt, "test harness only: a directory path"}},
+  };
+  return d;
+}
+
+// The probe's environment: every documented variable unset (PATH kept), so
+// that only the case's variables are in play.
+std::map<std::string, std::string> clean_environment() {
+  std::map<std::string, std::string> env;
+  for (const auto& v : env::documented()) {
+    const std::string name = v.name;
+    if (name != "PATH" && name.find('<') == std::string::npos) env[name] = "";
+  }
+  for (char** e = environ; *e; ++e) {  // e.g. COMMS_BACKEND_LIB_FAKEGPU, set by other tests
+    const std::string entry = *e;
+    if (entry.rfind("COMMS_BACKEND_LIB_", 0) == 0) env[entry.substr(0, entry.find('='))] = "";
+  }
+  return env;
+}
+
+testing::Process probe(const std::map<std::string, std::string>& overrides) {
+  auto env = clean_environment();
+  for (const auto& [k, v] : overrides) env[k] = v;
+  return testing::run({ENV_PROBE}, env, 30s);
+}
+
+TEST(EnvironmentValidation, EveryDocumentedVariableHasAMalformedCaseOrAReasonItHasNone) {
+  for (const auto& v : env::documented()) {
+    const auto it = decisions().find(v.name);
+    ASSERT_NE(it, decisions().end())
+        << v.name << " is in the table (core/env.cc) but this test has no decision for it: add a malformed value "
+        << "that must be an error, or the reason it has no malformed form";
+    EXPECT_TRUE(it->second.malformed.has_value() != (it->second.no_malformed_form != nullptr)) << v.name;
+  }
+  for (const auto& [name, decision] : decisions()) {
+    bool documented = false;
+    for (const auto& v : env::documented()) documented = documented || name == v.name;
+    EXPECT_TRUE(documented) << name << " has a decision here but is not in the table";
+  }
+}
+
+TEST(EnvironmentValidation, AMalformedValueOfEveryVariableIsAnErrorNamingItAndTheValue) {
+  const auto clean = probe({});
+  ASSERT_EQ(clean.exit_code(), 0) << "the probe fails without any variable set: " << clean.output;
+  for (const auto& [name, decision] : decisions()) {
+    if (!decision.malformed) continue;
+    const Malformed& m = *decision.malformed;
+    auto overrides = m.with;
+    overrides[m.variable] = m.value;
+    const auto p = probe(overrides);
+    const std::string named = m.variable + "='" + m.value + "'";
+    EXPECT_EQ(p.exit_code(), 2) << named << " was not an error (or crashed): " << p.output;
+    EXPECT_NE(p.output.find(named), std::string::npos) << "the error does not name " << named << ": " << p.output;
+  }
+}
+
+TEST(EnvironmentValidation, BooleansAcceptTheUsualSpellingsInAnyCaseAndNothingElse) {
+  for (const char* yes : {"1", "true", "TRUE", "yes", "Yes", "on", " on "}) EXPECT_TRUE(env::parse_bool(yes, "X")) << yes;
+  for (const char* no : {"0", "false", "False", "no", "NO", "off"}) EXPECT_FALSE(env::parse_bool(no, "X")) << no;
+  for (const char* bad : {"", "2", "-1", "y", "n", "truee", "enable", "1.0"}) {
+    try {
+      env::parse_bool(bad, "COMMS_X");
+      ADD_FAILURE() << "'" << bad << "' was read as a boolean";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(std::string(e.what()), std::string("COMMS_X='") + bad +
+                                           "' is not a boolean; use 1/0, true/false, yes/no or on/off");
+    }
+  }
+}
+
+int unused_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), len);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(EnvironmentValidation, LauncherStoreYesMeansTheLauncherHostsTheStoreNotRankZero) {
+  const std::map<std::string, std::string> job = {{"MASTER_ADDR", "127.0.0.1"},
+                                                  {"MASTER_PORT", std::to_string(unused_port())},
+                                                  {"COMMS_INIT_TIMEOUT", "1s"}};
+  for (const char* off : {"0", "no", "False"}) {
+    auto env = job;
+    env["COMMS_LAUNCHER_STORE"] = off;
+    const auto p = probe(env);
+    EXPECT_EQ(p.exit_code(), 0) << "COMMS_LAUNCHER_STORE=" << off << ": rank 0 should host the store: " << p.output;
+  }
+  for (const char* on : {"1", "yes", "true", "ON"}) {
+    auto env = job;
+    env["COMMS_LAUNCHER_STORE"] = on;
+    const auto p = probe(env);
+    // No launcher runs here, so nothing listens: rank 0 must not have started
+    // a store of its own, and its connection times out.
+    EXPECT_EQ(p.exit_code(), 2) << "COMMS_LAUNCHER_STORE=" << on << " was read as 0: " << p.output;
+    EXPECT_EQ(p.output.find("is not a boolean"), std::string::npos) << p.output;
+  }
+}
+
+TEST(EnvironmentValidation, HintsStrictFalseMakesAnUnknownHintAWarning) {
+  const BackendSpec gloo = BackendSpec::parse("cpu:gloo");
+  setenv("COMMS_HINTS_STRICT", "false", 1);
+  std::array<Hints, kNumDeviceTypes> routed;
+  EXPECT_NO_THROW(routed = internal::route_hints({{"no_such_key", "1"}, {"busy_poll", "0"}}, gloo, "t"));
+  EXPECT_EQ(routed[0], (Hints{{"busy_poll", "0"}}));
+  setenv("COMMS_HINTS_STRICT", "Yes", 1);
+  EXPECT_THROW(internal::route_hints({{"no_such_key", "1"}}, gloo, "t"), Error);
+  unsetenv("COMMS_HINTS_STRICT");
+}
+
+}  // namespace
+}  // namespace comms
