@@ -125,6 +125,11 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   std::string store_prefix(DeviceType t) const;
   // Connects a lazy backend (collective); throws with op context on failure.
   void ensure_ready(Slot& slot, DeviceType t, plugin::OpType type, uint64_t seq);
+  // Store keys that say which ranks started and finished connecting a
+  // backend, so that an init timeout names the ranks that never came rather
+  // than whichever key this rank happened to wait for.
+  void mark_init(DeviceType t, const char* what) const;
+  std::string init_laggards(DeviceType t) const;
   void flush_barrier(DeviceType t);
   Slot& slot(DeviceType t) { return slots_[static_cast<size_t>(t)]; }
   const Slot& slot(DeviceType t) const { return slots_[static_cast<size_t>(t)]; }
