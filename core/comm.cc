@@ -250,7 +250,7 @@ plugin::BackendInit Comm::Impl::init_for(DeviceType t) const {
   init.local_size = config_.local_size;
   init.device = s.device;
   init.eager = config_.bound_device && config_.bound_device->type == t;
-  init.store = make_prefix_store(store_prefix(t), config_.store);
+  init.store = init_progress(t).counting(make_prefix_store(store_prefix(t), config_.store));
   init.init_timeout = config_.init_timeout;
   init.op_timeout = config_.op_timeout;
   init.hints = s.hints;
@@ -344,56 +344,22 @@ void Comm::Impl::fail_op(OpType type, uint64_t seq, const Status& status, Device
   throw e;
 }
 
-void Comm::Impl::mark_init(DeviceType t, const char* what) const {
-  if (config_.size == 1) return;
-  try {
-    config_.store->set(str::cat(store_prefix(t), "#", what, "/", config_.rank), "1");
-  } catch (const Error&) {
-    // The backend's own rendezvous through this store reports the failure.
-  }
-}
-
-// " (ranks that did not arrive ...)" for an init that timed out, or "" when
-// the store cannot tell.
-std::string Comm::Impl::init_laggards(DeviceType t) const {
-  std::vector<int> absent, unfinished;
-  try {
-    for (int r = 0; r < config_.size; ++r) {
-      if (!config_.store->check({str::cat(store_prefix(t), "#arrived/", r)})) {
-        absent.push_back(r);
-      } else if (!config_.store->check({str::cat(store_prefix(t), "#ready/", r)})) {
-        unfinished.push_back(r);
-      }
-    }
-  } catch (const Error&) {
-    return "";
-  }
-  auto ranks = [](const std::vector<int>& list) {
-    constexpr size_t kShown = 16;
-    std::vector<int> shown(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(std::min(list.size(), kShown)));
-    std::string out = str::cat(list.size() == 1 ? "rank " : "ranks ", str::join(shown, ", "));
-    if (list.size() > kShown) str::append(out, ", ... (", list.size(), " ranks)");
-    return out;
-  };
-  if (!absent.empty()) return str::cat(" (", ranks(absent), " of ", config_.size, " never arrived at this init)");
-  if (!unfinished.empty()) {
-    return str::cat(" (every rank arrived at this init; ", ranks(unfinished),
-                    " had not finished it: one of them is stopped or stuck and the others wait for it)");
-  }
-  return "";
+internal::InitProgress Comm::Impl::init_progress(DeviceType t) const {
+  return internal::InitProgress(config_.store, store_prefix(t), config_.rank, config_.size);
 }
 
 void Comm::Impl::ensure_ready(Slot& s, DeviceType t, OpType type, uint64_t seq) {
   if (s.state.load() != BackendState::kLazy) return;
   Status st;
-  mark_init(t, "arrived");
+  const auto progress = init_progress(t);
+  progress.arrived();
   try {
     st = s.backend->init();
   } catch (const std::exception& e) {
     st = {ErrorCode::kInternal, str::cat("plugin threw from init(): ", e.what())};
   }
-  if (st.is_ok()) mark_init(t, "ready");
-  if (st.code == ErrorCode::kTimeout && config_.size > 1) st.message += init_laggards(t);
+  if (st.is_ok()) progress.finished();
+  if (st.code == ErrorCode::kTimeout) st.message += progress.laggards();
   if (!st.is_ok()) {
     const bool eager = config_.bound_device && config_.bound_device->type == t;
     Status wrapped{st.code,
