@@ -266,7 +266,7 @@ plugin::BackendInit Comm::Impl::init_for(DeviceType t) const {
   init.local_size = config_.local_size;
   init.device = s.device;
   init.eager = config_.bound_device && config_.bound_device->type == t;
-  init.store = make_prefix_store(store_prefix(t), config_.store);
+  init.store = init_progress(t).counting(make_prefix_store(store_prefix(t), config_.store));
   init.init_timeout = config_.init_timeout;
   init.op_timeout = config_.op_timeout;
   init.hints = s.hints;
@@ -360,14 +360,22 @@ void Comm::Impl::fail_op(OpType type, uint64_t seq, const Status& status, Device
   throw e;
 }
 
+internal::InitProgress Comm::Impl::init_progress(DeviceType t) const {
+  return internal::InitProgress(config_.store, store_prefix(t), config_.rank, config_.size);
+}
+
 void Comm::Impl::ensure_ready(Slot& s, DeviceType t, OpType type, uint64_t seq) {
   if (s.state.load() != BackendState::kLazy) return;
   Status st;
+  const auto progress = init_progress(t);
+  progress.arrived();
   try {
     st = s.backend->init();
   } catch (const std::exception& e) {
     st = {ErrorCode::kInternal, str::cat("plugin threw from init(): ", e.what())};
   }
+  if (st.is_ok()) progress.finished();
+  if (st.code == ErrorCode::kTimeout) st.message += progress.laggards();
   if (!st.is_ok()) {
     const bool eager = config_.bound_device && config_.bound_device->type == t;
     Status wrapped{st.code,

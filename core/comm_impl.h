@@ -14,6 +14,7 @@
 #include "comms/bootstrap.h"
 #include "comms/comm.h"
 #include "comms/plugin.h"
+#include "init_progress.h"
 #include "plugin_registry.h"
 #include "validate.h"
 
@@ -125,6 +126,8 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   std::string store_prefix(DeviceType t) const;
   // Connects a lazy backend (collective); throws with op context on failure.
   void ensure_ready(Slot& slot, DeviceType t, plugin::OpType type, uint64_t seq);
+  // Which ranks came to, and how far they got in, connecting backend `t`.
+  internal::InitProgress init_progress(DeviceType t) const;
   void flush_barrier(DeviceType t);
   Slot& slot(DeviceType t) { return slots_[static_cast<size_t>(t)]; }
   const Slot& slot(DeviceType t) const { return slots_[static_cast<size_t>(t)]; }

@@ -19,6 +19,8 @@ constexpr Variable kVariables[] = {
     {"COMMS_OP_TIMEOUT", "10m", "Timeout of each operation. CommOptions::op_timeout and OpOptions::timeout win over it."},
     {"COMMS_STORE", "", "Rendezvous store: file:///shared/dir or tcp://host:port. Unset: MASTER_ADDR/MASTER_PORT, or an in-process store for a single process."},
     {"COMMS_LAUNCHER_STORE", "0", "Boolean. 1: the launcher (commsrun) hosts the TCP store at MASTER_ADDR:MASTER_PORT. 0: rank 0 hosts it."},
+    {"COMMS_STORE_TOKEN", "", "Shared secret of the TCP store: every client proves it (HMAC-SHA256 challenge-response, never sent in clear) before any request is served, and the server proves it back. Set the same value on every node of a multi-node job; commsrun makes a random one for a single-node job. Unset (and no COMMS_STORE_TOKEN_FILE): the store is open to anyone who can reach it."},
+    {"COMMS_STORE_TOKEN_FILE", "", "File holding the TCP store's token (trailing white space ignored), instead of COMMS_STORE_TOKEN; setting both is an error."},
     {"COMMS_PLUGIN_PATH", "", "Colon-separated directories searched for libcomms-<name>.so before the install and build directories."},
     {"COMMS_BACKEND_LIB_<NAME>", "", "Exact plugin file for backend <name> (upper case), e.g. COMMS_BACKEND_LIB_GLOO=/opt/libcomms-gloo.so. Wins over every search directory."},
     {"COMMS_HINTS_STRICT", "1", "Boolean. 1: an unknown hint key is an error. 0: it is a warning and the key is ignored."},

@@ -141,6 +141,22 @@ std::string encode_response(const Response& r) {
   return frame(std::move(body));
 }
 
+std::string encode_hello(const Hello& h) {
+  std::string body;
+  put_string(body, kProtocolMagic);
+  body.push_back(static_cast<char>(h.token_required ? 1 : 0));
+  put_string(body, h.nonce);
+  return frame(std::move(body));
+}
+
+std::string encode_auth(const Auth& a) {
+  std::string body;
+  put_string(body, kProtocolMagic);
+  put_string(body, a.nonce);
+  put_string(body, a.proof);
+  return frame(std::move(body));
+}
+
 std::optional<uint32_t> decode_frame_length(std::string_view header, size_t max_frame_bytes,
                                             std::string* error) {
   if (header.size() != kFrameHeaderBytes) {
@@ -235,6 +251,48 @@ std::optional<Response> decode_response(std::string_view body, std::string* erro
     return std::nullopt;
   }
   return r;
+}
+
+namespace {
+
+// Reads and checks the magic that opens Hello and Auth.
+void expect_magic(Reader& in) {
+  std::string magic = in.string("magic");
+  if (in.ok() && magic != kProtocolMagic) {
+    in.fail(str::cat("not the comms store protocol (expected '", kProtocolMagic, "')"));
+  }
+}
+
+}  // namespace
+
+std::optional<Hello> decode_hello(std::string_view body, std::string* error) {
+  Reader in(body);
+  Hello h;
+  expect_magic(in);
+  uint8_t flags = in.u8("flags");
+  if (in.ok() && flags > 1) in.fail(str::cat("unknown hello flags ", static_cast<int>(flags)));
+  h.token_required = flags == 1;
+  h.nonce = in.string("nonce");
+  in.expect_end();
+  if (!in.ok()) {
+    *error = str::cat("hello: ", in.error());
+    return std::nullopt;
+  }
+  return h;
+}
+
+std::optional<Auth> decode_auth(std::string_view body, std::string* error) {
+  Reader in(body);
+  Auth a;
+  expect_magic(in);
+  a.nonce = in.string("nonce");
+  a.proof = in.string("proof");
+  in.expect_end();
+  if (!in.ok()) {
+    *error = str::cat("auth: ", in.error());
+    return std::nullopt;
+  }
+  return a;
 }
 
 }  // namespace comms::wire

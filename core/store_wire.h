@@ -6,6 +6,15 @@
 // status, a string and an i64. Strings are a u32 length and the bytes, i64 and
 // u64 are 8 bytes little endian. Decoding never trusts a length: every field
 // is checked against the bytes actually present before anything is allocated.
+//
+// A connection opens with a handshake (store_auth.h has the proofs):
+//   server -> client  Hello: magic, u8 flags (bit 0: a token is required),
+//                     string server nonce
+//   client -> server  Auth: magic, string client nonce, string proof (empty
+//                     without a token)
+//   server -> client  Response: ok with the server's proof as text (empty
+//                     without a token), or error with the reason, then close.
+// Only then are requests served.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +26,12 @@
 namespace comms::wire {
 
 inline constexpr size_t kFrameHeaderBytes = 4;
+// The start of every Hello and Auth body: tells a comms store from anything
+// else listening on the port, and the protocol's version.
+inline constexpr std::string_view kProtocolMagic = "comms-store/1";
+// A handshake frame is small; the server reads no more before the client has
+// authenticated.
+inline constexpr size_t kHandshakeMaxFrameBytes = 1024;
 
 enum class Op : uint8_t {
   kSet = 1,         // key, value
@@ -51,9 +66,21 @@ struct Response {
   int64_t number = 0;
 };
 
+struct Hello {
+  bool token_required = false;
+  std::string nonce;
+};
+
+struct Auth {
+  std::string nonce;
+  std::string proof;  // empty: the client has no token
+};
+
 // Whole frames: header and body.
 std::string encode_request(const Request& request);
 std::string encode_response(const Response& response);
+std::string encode_hello(const Hello& hello);
+std::string encode_auth(const Auth& auth);
 
 // The body length announced by a frame header, or nullopt (with `error` set)
 // when it is zero or above `max_frame_bytes`: the caller must not allocate it.
@@ -64,6 +91,9 @@ std::optional<uint32_t> decode_frame_length(std::string_view header, size_t max_
 // or status, a truncated field, or trailing bytes.
 std::optional<Request> decode_request(std::string_view body, std::string* error);
 std::optional<Response> decode_response(std::string_view body, std::string* error);
+// nullopt (with `error` set) also when the magic is not kProtocolMagic.
+std::optional<Hello> decode_hello(std::string_view body, std::string* error);
+std::optional<Auth> decode_auth(std::string_view body, std::string* error);
 
 std::string_view op_name(Op op);
 

@@ -51,6 +51,8 @@ json environment_json() {
     std::string name = v.name;
     if (name.find('<') != std::string::npos) continue;  // a family, listed below
     auto value = env::get(name);
+    // A secret is shown as set, never printed: comms-info output ends up in logs.
+    if (value && name == "COMMS_STORE_TOKEN") value = "(set, not shown)";
     env[name] = value ? json(*value) : json(nullptr);
   }
   for (const auto& [name, value] : env::with_prefix("COMMS_BACKEND_LIB_")) env[name] = value;

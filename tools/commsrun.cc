@@ -7,6 +7,11 @@
 //
 // Ranks get the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus COMMS_LAUNCHER_STORE=1.
+// The store asks every client for a token: COMMS_STORE_TOKEN or
+// COMMS_STORE_TOKEN_FILE when set (the ranks inherit it), else, for a
+// single-node job, a random one that only this launcher's ranks receive
+// (COMMS_STORE_TOKEN in their environment). A multi-node job without a token
+// runs with an open store, and says so.
 // Each rank runs in its own process group, so that stopping a rank also stops
 // what it started, and its stdin is /dev/null.
 //
@@ -35,9 +40,10 @@
 #include <vector>
 
 #include "env.h"
-#include "strutil.h"
 #include "comms/error.h"
 #include "comms/store.h"
+#include "store_auth.h"
+#include "strutil.h"
 
 extern char** environ;
 
@@ -57,6 +63,8 @@ struct LaunchOptions {
   double grace_s = 3;
   double exit_barrier_s = 300;
   std::vector<std::string> command;
+  std::string store_token;      // "" : the store is open
+  bool token_generated = false;  // made here: the ranks get it from us
 };
 
 // Output longer than this without a newline is passed on as a line of its
@@ -175,6 +183,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, int loca
       {"MASTER_PORT", std::to_string(port)},
       {"COMMS_LAUNCHER_STORE", "1"},
   };
+  if (options.token_generated) ours.emplace_back("COMMS_STORE_TOKEN", options.store_token);
   std::vector<std::string> env;
   for (char** entry = environ; *entry; ++entry) {
     std::string_view text(*entry);
@@ -483,7 +492,8 @@ class Launcher {
     const std::string prefix = "commsrun/node_exit/";
     std::shared_ptr<comms::Store> store;
     try {
-      store = comms::connect_tcp_store(options_.master_addr, store_port, std::chrono::seconds(5));
+      store = comms::connect_tcp_store(options_.master_addr, store_port, std::chrono::seconds(5),
+                                       options_.store_token);
       store->set(prefix + std::to_string(options_.node_rank), std::to_string(code));
     } catch (const comms::Error& e) {
       say(str::cat("could not report node ", options_.node_rank, "'s exit to the store: ", e.what()));
@@ -640,11 +650,29 @@ int main(int argc, char** argv) {
   ::sigprocmask(SIG_BLOCK, &handled, nullptr);
   ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher
 
+  try {
+    options.store_token = comms::store_auth::token_from_environment();
+    if (options.store_token.empty() && options.nnodes == 1) {
+      options.store_token = comms::store_auth::new_token();
+      options.token_generated = true;
+    }
+  } catch (const comms::Error& e) {
+    say(str::cat("error: ", e.what()));
+    return 2;
+  }
+  if (options.store_token.empty()) {
+    say(str::cat("warning: no COMMS_STORE_TOKEN: the store at ", options.master_addr, ":", options.master_port,
+                 " serves anyone who can reach it; set the same COMMS_STORE_TOKEN (or COMMS_STORE_TOKEN_FILE) "
+                 "on every node"));
+  }
+
   std::unique_ptr<comms::TcpStoreServer> store;
   uint16_t port = static_cast<uint16_t>(options.master_port);
   if (options.node_rank == 0) {
     try {
-      store = std::make_unique<comms::TcpStoreServer>(options.master_addr, port);
+      comms::TcpStoreServerOptions store_options;
+      store_options.token = options.store_token;
+      store = std::make_unique<comms::TcpStoreServer>(options.master_addr, port, store_options);
     } catch (const comms::Error& e) {
       say(str::cat("error: cannot host the store: ", e.what()));
       return 1;

@@ -229,6 +229,7 @@ std::shared_ptr<::gloo::rendezvous::Context> GlooBackend::connect_mesh(const std
 
 Status GlooBackend::init() {
   if (init_.size == 1) return {};  // nothing to connect to
+  const std::set<int> sockets_before = socket_fds();
   try {
     device_ = shared_device(config_);
     ctx_ = connect_mesh("async/");
@@ -241,6 +242,7 @@ Status GlooBackend::init() {
     }
     size_send_buffers(*fast_ctx_, *ctx_, init_.init_timeout);
     sync_ = std::make_unique<SyncMesh>(fast_ctx_, config_.spin);
+    set_cloexec_on_sockets_since(sockets_before);
     // Remember both ends of every connection: the local ends let abort()
     // find the sockets, the remote ends turn Gloo's "peer [addr]" messages
     // into ranks.

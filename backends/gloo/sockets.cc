@@ -1,7 +1,9 @@
 #include "sockets.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +44,29 @@ void for_each_socket_bound_to(const std::vector<sockaddr_storage>& locals,
     }
   }
   closedir(dir);
+}
+
+std::set<int> socket_fds() {
+  std::set<int> out;
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return out;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    struct stat st {};
+    if (fstat(static_cast<int>(fd), &st) == 0 && S_ISSOCK(st.st_mode)) out.insert(static_cast<int>(fd));
+  }
+  closedir(dir);
+  return out;
+}
+
+void set_cloexec_on_sockets_since(const std::set<int>& before) {
+  for (int fd : socket_fds()) {
+    if (before.contains(fd)) continue;
+    const int flags = fcntl(fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
 }
 
 }  // namespace comms::gloo_backend

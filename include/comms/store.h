@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,20 +52,60 @@ class Store {
 
 // Connects to a TcpStoreServer, retrying the connection until `connect_timeout`
 // passes (the server may start after the client). Throws kTimeout.
+//
+// Client and server prove to each other that they hold the same token
+// (challenge-response; the token never crosses the wire). This overload
+// takes it from COMMS_STORE_TOKEN, or the file named by
+// COMMS_STORE_TOKEN_FILE, and uses none when both are unset. A server that
+// refuses the client, or a server that cannot prove the token, is an
+// Error(kInvalidArgument) naming the store's address and the reason.
 std::shared_ptr<Store> connect_tcp_store(const std::string& host, uint16_t port,
                                          std::chrono::milliseconds connect_timeout);
+// The same with an explicit token ("": none).
+std::shared_ptr<Store> connect_tcp_store(const std::string& host, uint16_t port,
+                                         std::chrono::milliseconds connect_timeout,
+                                         const std::string& token);
+
+// How a TcpStoreServer protects itself from clients that hold connections,
+// memory or descriptors without doing useful work.
+struct TcpStoreServerOptions {
+  static constexpr size_t kDefaultMaxFrameBytes = 64u << 20;
+
+  // Largest request frame; a larger one closes that connection. The body of
+  // a frame is allocated as its bytes arrive, never from its header alone.
+  size_t max_frame_bytes = kDefaultMaxFrameBytes;
+  // The shared secret every client must prove before any request is served.
+  // nullopt: COMMS_STORE_TOKEN or COMMS_STORE_TOKEN_FILE (none when both are
+  // unset); "": no authentication.
+  std::optional<std::string> token;
+  // A connection must finish its handshake this soon after it was accepted.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  // A frame, once its first byte arrived, must be complete this soon, and a
+  // reply must be taken by the client this soon. A client between requests
+  // (or blocked in get/wait) may stay idle for as long as it likes.
+  std::chrono::milliseconds frame_timeout{std::chrono::seconds(30)};
+  // Open connections from one client address; more are closed at once.
+  size_t max_connections_per_address = 1024;
+  // Connections from one address still in their handshake; a new one beyond
+  // this closes the oldest of them.
+  size_t max_handshakes_per_address = 64;
+};
 
 // The server side of the TCP store. It runs on its own thread until destroyed.
 // Frames larger than max_frame_bytes, or malformed, close that connection with
-// an error logged; the server keeps serving everyone else.
+// an error logged; the server keeps serving everyone else. Every socket it
+// opens is close-on-exec. Without a token on an address other than loopback,
+// it logs a warning that anyone who can reach it can read and write keys.
 class TcpStoreServer {
  public:
-  static constexpr size_t kDefaultMaxFrameBytes = 64u << 20;
+  static constexpr size_t kDefaultMaxFrameBytes = TcpStoreServerOptions::kDefaultMaxFrameBytes;
 
   // Binds `host` ("127.0.0.1", "0.0.0.0", "::1", a name) at `port` (0 picks a
-  // free one). Throws comms::Error on failure.
+  // free one), and only that address. Throws comms::Error on failure. The
+  // token comes from the environment (see TcpStoreServerOptions::token).
   TcpStoreServer(const std::string& host, uint16_t port,
                  size_t max_frame_bytes = kDefaultMaxFrameBytes);
+  TcpStoreServer(const std::string& host, uint16_t port, const TcpStoreServerOptions& options);
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -72,6 +113,10 @@ class TcpStoreServer {
   uint16_t port() const;
   const std::string& host() const;
   size_t key_count() const;
+  // Client connections open right now (handshaking or authenticated).
+  size_t connection_count() const;
+  // Whether clients must prove a token.
+  bool requires_token() const;
 
  private:
   class Impl;

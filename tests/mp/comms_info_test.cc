@@ -109,4 +109,17 @@ TEST(CommsInfoHints, NcclMaxCtasGivenTwiceIsAnError) {
   }
 }
 
+// The store's token is a secret: comms-info, whose output ends up in logs,
+// says it is set and nothing more.
+TEST(CommsInfoEnvironment, TheStoreTokenIsShownAsSetButNeverPrinted) {
+  for (const char* format : {"--json", ""}) {
+    std::vector<std::string> argv = {COMMS_INFO};
+    if (*format) argv.push_back(format);
+    auto p = run(argv, {{"COMMS_STORE_TOKEN", "a-very-secret-token"}}, 30s);
+    ASSERT_EQ(p.exit_code(), 0) << p.output;
+    EXPECT_EQ(p.output.find("a-very-secret-token"), std::string::npos) << p.output;
+    EXPECT_NE(p.output.find("(set, not shown)"), std::string::npos) << p.output;
+  }
+}
+
 }  // namespace

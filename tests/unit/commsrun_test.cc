@@ -47,8 +47,13 @@ struct SignalWhen {
   int signal = SIGTERM;
 };
 
+extern "C" char** environ;
+
+// `env` entries are added to (or replace) this process's environment; an
+// empty value removes the variable.
 RunResult run_commsrun(const std::vector<std::string>& args, std::chrono::seconds limit = 20s,
-                       std::optional<SignalWhen> signal_when = std::nullopt) {
+                       std::optional<SignalWhen> signal_when = std::nullopt,
+                       const std::map<std::string, std::string>& env = {}) {
   int out_pipe[2], err_pipe[2];
   EXPECT_EQ(::pipe2(out_pipe, O_CLOEXEC), 0);
   EXPECT_EQ(::pipe2(err_pipe, O_CLOEXEC), 0);
@@ -57,13 +62,25 @@ RunResult run_commsrun(const std::vector<std::string>& args, std::chrono::second
   std::vector<char*> argv;
   for (auto& s : argv_strings) argv.push_back(s.data());
   argv.push_back(nullptr);
+  // Built before fork: other threads may hold the allocator's lock.
+  std::vector<std::string> env_strings;
+  for (char** entry = environ; *entry; ++entry) {
+    std::string text(*entry);
+    if (!env.contains(text.substr(0, text.find('=')))) env_strings.push_back(text);
+  }
+  for (const auto& [name, value] : env) {
+    if (!value.empty()) env_strings.push_back(name + "=" + value);
+  }
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
 
   auto start = Clock::now();
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
-    ::execv(COMMSRUN_PATH, argv.data());
+    ::execve(COMMSRUN_PATH, argv.data(), envp.data());
     ::_exit(126);
   }
   ::close(out_pipe[1]);
@@ -171,7 +188,10 @@ TEST(Commsrun, ASecondNodeNumbersItsRanksAfterTheFirst) {
                          "-c", "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_PORT"});
   EXPECT_EQ(node0.get().exit_code, 0);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_EQ(r.err, "");
+  // Without a token the only thing said is that the store is open.
+  EXPECT_EQ(r.err, "commsrun: warning: no COMMS_STORE_TOKEN: the store at 127.0.0.1:" + port +
+                       " serves anyone who can reach it; set the same COMMS_STORE_TOKEN (or COMMS_STORE_TOKEN_FILE) "
+                       "on every node\n");
   auto lines = lines_of(r.out);
   std::sort(lines.begin(), lines.end());
   EXPECT_EQ(lines, (std::vector<std::string>{"[2] 2 4 0 2 " + port, "[3] 3 4 1 2 " + port})) << describe(r);
@@ -316,6 +336,74 @@ TEST(Commsrun, TwoNodesRendezvousThroughTheStoreOnNodeZero) {
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_TRUE(contains(both, comms::str::cat("[", rank, "] probe ok rank=", rank, " sum=60 "))) << both;
   }
+}
+
+TEST(Commsrun, ASingleNodeJobGetsARandomStoreTokenThatItsRanksHoldAndOthersDoNot) {
+  auto r = run_commsrun({"-n", "2", "--", "sh", "-c", "echo token=$COMMS_STORE_TOKEN; exec " STORE_PROBE_PATH});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  std::set<std::string> tokens;
+  std::regex pattern(R"(\[\d\] token=([0-9a-f]*))");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), pattern), end; it != end; ++it) tokens.insert((*it)[1]);
+  ASSERT_EQ(tokens.size(), 1u) << describe(r);
+  EXPECT_EQ(tokens.begin()->size(), 64u) << "not 32 random bytes in hex";
+  EXPECT_TRUE(contains(r.out, "[0] probe ok") && contains(r.out, "[1] probe ok")) << describe(r);
+  auto again = run_commsrun({"-n", "1", "--", "sh", "-c", "echo token=$COMMS_STORE_TOKEN"});
+  EXPECT_FALSE(contains(again.out, *tokens.begin())) << "two jobs got the same token";
+
+  // A rank process that drops the token is refused by its own job's store.
+  auto refused = run_commsrun({"-n", "1", "--", "env", "-u", "COMMS_STORE_TOKEN", STORE_PROBE_PATH});
+  EXPECT_NE(refused.exit_code, 0) << describe(refused);
+  EXPECT_TRUE(std::regex_search(refused.err, std::regex(R"(\[0\] probe failed: the TCP store at 127\.0\.0\.1:\d+ )"
+                                                        R"(refused this client: authentication failed \(this client )"
+                                                        R"(has no token)")))
+      << describe(refused);
+}
+
+TEST(Commsrun, TwoNodesSharingATokenRendezvousAndSayNothingAboutAnOpenStore) {
+  std::string port = std::to_string(free_port());
+  const std::map<std::string, std::string> env = {{"COMMS_STORE_TOKEN", "shared-by-both-nodes"}};
+  auto node1 = std::async(std::launch::async, [&] {
+    return run_commsrun({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "-n", "1", "--", STORE_PROBE_PATH},
+                        20s, std::nullopt, env);
+  });
+  auto node0 = run_commsrun({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "-n", "1", "--",
+                             STORE_PROBE_PATH}, 20s, std::nullopt, env);
+  auto r1 = node1.get();
+  ASSERT_EQ(node0.exit_code, 0) << describe(node0);
+  ASSERT_EQ(r1.exit_code, 0) << describe(r1);
+  EXPECT_FALSE(contains(node0.err + r1.err, "COMMS_STORE_TOKEN")) << node0.err << r1.err;
+  EXPECT_FALSE(contains(node0.err + r1.err, "refused")) << node0.err << r1.err;
+  EXPECT_TRUE(contains(node0.out + r1.out, "[1] probe ok rank=1 sum=10")) << node0.out << r1.out;
+
+  // A node with another token cannot join: its rank fails naming the reason.
+  port = std::to_string(free_port());
+  auto intruder = std::async(std::launch::async, [&] {
+    return run_commsrun({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "-n", "1", "--", STORE_PROBE_PATH},
+                        20s, std::nullopt, {{"COMMS_STORE_TOKEN", "some-other-token"}});
+  });
+  auto owner = run_commsrun({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "--exit-barrier-timeout",
+                             "1", "-n", "1", "--", "sleep", "2"}, 20s, std::nullopt, env);
+  auto ri = intruder.get();
+  EXPECT_NE(ri.exit_code, 0) << describe(ri);
+  EXPECT_TRUE(contains(ri.err, "refused this client: authentication failed (COMMS_STORE_TOKEN differs)"))
+      << describe(ri);
+  EXPECT_TRUE(contains(owner.err, "authentication failed (COMMS_STORE_TOKEN differs)")) << describe(owner);
+}
+
+TEST(Commsrun, TheStorePortIsFreeForTheNextJobWhenARankLeavesAProcessBehind) {
+  const std::string port = std::to_string(free_port());
+  // The leftover inherits whatever descriptors the rank did (its output goes
+  // elsewhere, so that commsrun does not wait for it).
+  auto first = run_commsrun({"-n", "1", "--master-port", port, "--", "sh", "-c",
+                             "setsid sleep 30 >/dev/null 2>&1 </dev/null & echo leftover=$!"});
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(first.out, m, std::regex(R"(leftover=(\d+))"))) << describe(first);
+  const pid_t leftover = std::stoi(m[1]);
+  auto second = run_commsrun({"-n", "1", "--master-port", port, "--", "true"});
+  ::kill(leftover, SIGKILL);
+  EXPECT_EQ(first.exit_code, 0) << describe(first);
+  EXPECT_EQ(second.exit_code, 0) << "the leftover process holds the store's port\n" << describe(second);
+  EXPECT_FALSE(contains(second.err, "Address already in use")) << describe(second);
 }
 
 TEST(Commsrun, NodeZeroReportsAFailureOnAnotherNode) {

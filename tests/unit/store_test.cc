@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -532,12 +533,33 @@ TEST(TcpStore, KnowsTheLocalAddressOfItsConnection) {
   EXPECT_EQ(tcp_store_local_address(*make_memory_store()), "");
 }
 
-// Sends raw bytes to the server and says whether it then closed the
-// connection (as opposed to leaving it open or answering).
+// Completes the handshake (server without a token) on a raw socket, as the
+// library's client would, so that what follows is read as requests.
+void handshake(asio::ip::tcp::socket& socket) {
+  auto read_frame = [&] {
+    std::array<char, 4> header{};
+    asio::read(socket, asio::buffer(header));
+    std::string error;
+    auto length = wire::decode_frame_length(std::string_view(header.data(), 4), 1 << 20, &error);
+    std::string body(length.value_or(0), '\0');
+    asio::read(socket, asio::buffer(body));
+    return body;
+  };
+  std::string error;
+  ASSERT_TRUE(wire::decode_hello(read_frame(), &error)) << error;
+  asio::write(socket, asio::buffer(wire::encode_auth({std::string(32, 'n'), ""})));
+  auto answer = wire::decode_response(read_frame(), &error);
+  ASSERT_TRUE(answer) << error;
+  ASSERT_EQ(answer->status, wire::Status::kOk) << answer->text;
+}
+
+// Sends raw bytes to the server after the handshake and says whether it then
+// closed the connection (as opposed to leaving it open or answering).
 bool server_closes_after(uint16_t port, const std::string& bytes) {
   asio::io_context io;
   asio::ip::tcp::socket socket(io);
   socket.connect({asio::ip::make_address("127.0.0.1"), port});
+  handshake(socket);
   asio::write(socket, asio::buffer(bytes));
   char byte;
   asio::error_code ec;
@@ -586,6 +608,7 @@ TEST(TcpStore, AClientThatVanishesWhileBlockedDoesNotDisturbTheServer) {
     asio::io_context io;
     asio::ip::tcp::socket socket(io);
     socket.connect({asio::ip::make_address("127.0.0.1"), server.port()});
+    handshake(socket);
     wire::Request get;
     get.op = wire::Op::kGet;
     get.keys = {"k"};
