@@ -47,7 +47,8 @@ RankGenerator::RankGenerator(int tp, int ep, int dp, int pp, int cp, std::string
   auto size_of_axis = [&](std::string_view axis) {
     return size_by_axis[static_cast<size_t>(std::find(kAxes.begin(), kAxes.end(), axis) - kAxes.begin())];
   };
-  for (std::string_view raw : str::split(str::lower(order), '-', true)) {
+  const std::string lowered_order = str::lower(order);  // outlives the views split returns
+  for (std::string_view raw : str::split(lowered_order, '-', true)) {
     const std::string axis(str::strip(raw));
     if (std::find(kAxes.begin(), kAxes.end(), axis) == kAxes.end()) {
       invalid(str::cat("order '", order, "' names '", axis, "'; the axes are tp, pp, dp, ep, cp"));
@@ -80,7 +81,8 @@ int RankGenerator::size_of(std::string_view axis) const {
 
 RankLists RankGenerator::get_ranks(std::string_view token) const {
   std::vector<bool> in_group(axes_.size(), false);
-  for (std::string_view raw : str::split(str::lower(token), '-', true)) {
+  const std::string lowered_token = str::lower(token);  // outlives the views split returns
+  for (std::string_view raw : str::split(lowered_token, '-', true)) {
     const std::string axis(str::strip(raw));
     auto it = std::find(axes_.begin(), axes_.end(), axis);
     if (it == axes_.end()) invalid(str::cat("token '", token, "' names '", axis, "'; the axes are tp, pp, dp, ep, cp"));
