@@ -797,6 +797,12 @@ Status resolve_config(const Hints& hints, int local_size, int size,
       return {ErrorCode::kInvalidArgument, cat({"unknown gloo hint '", k, "'"})};
     }
   }
+  // Each overrides the other's variable; given together, neither may win silently.
+  if (hints.count("interface") && hints.count("hostname")) {
+    return {ErrorCode::kInvalidArgument,
+            cat({"gloo hints interface='", hints.find("interface")->second, "' and hostname='",
+                 hints.find("hostname")->second, "' were both given; set one"})};
+  }
   if (cfg.busy_poll != "auto" && cfg.busy_poll != "1" && cfg.busy_poll != "0") {
     return {ErrorCode::kInvalidArgument,
             cat({"gloo busy_poll='", cfg.busy_poll, "' is not auto, 1 or 0"})};
