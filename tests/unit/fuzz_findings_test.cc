@@ -53,13 +53,16 @@ TEST(FuzzFindings, EveryAcceptedDurationIsAlsoAcceptedInMilliseconds) {
 // fuzz_env: from_chars reads "-0" after the '+' was dropped, so "+-0" and
 // "+-5" were integers.
 TEST(FuzzFindings, AnIntegerVariableWithBothSignsIsAnError) {
+  const char* before = std::getenv("COMMS_LOCAL_RANK");
+  const std::string saved = before ? before : "";
   for (const char* bad : {"+-0\n", "+-5", " +-2147483648"}) {
     setenv("COMMS_LOCAL_RANK", bad, 1);
     EXPECT_THROW(env::get_int("COMMS_LOCAL_RANK", 0), Error) << bad;
   }
   setenv("COMMS_LOCAL_RANK", " +7 ", 1);
   EXPECT_EQ(env::get_int("COMMS_LOCAL_RANK", 0), 7);
-  unsetenv("COMMS_LOCAL_RANK");
+  if (before) setenv("COMMS_LOCAL_RANK", saved.c_str(), 1);
+  else unsetenv("COMMS_LOCAL_RANK");
 }
 
 // fuzz_gloo_hints: "hostname=h,interface=eth0" was accepted and the hostname
