@@ -122,6 +122,42 @@ BackendSpec BackendSpec::parse(std::string_view text, std::span<const PluginCapa
   return spec;
 }
 
+BackendSpec BackendSpec::select(std::string_view filter) const {
+  BackendSpec child;
+  const std::string lowered = str::lower(filter);
+  for (std::string_view raw : str::split(lowered, ',', true)) {
+    const std::string_view item = str::strip(raw);
+    const auto colon = item.find(':');
+    const std::string backend(str::strip(colon == item.npos ? item : item.substr(colon + 1)));
+    std::vector<DeviceType> types;
+    if (colon == item.npos) {
+      for (int i = 0; i < kNumDeviceTypes; ++i) {
+        if (backend_for(static_cast<DeviceType>(i)) == backend) types.push_back(static_cast<DeviceType>(i));
+      }
+      if (types.empty()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    str::cat("Requested backend '", backend, "' is not present in the parent group (parent backends: ",
+                             to_string(), ")"));
+      }
+    } else {
+      const DeviceType t = parse_device_type(str::strip(item.substr(0, colon)));  // kInvalidArgument
+      if (!has(t)) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    str::cat("Requested backend for device '", comms::to_string(t),
+                             "' is not present in the parent group (parent backends: ", to_string(), ")"));
+      }
+      if (backend_for(t) != backend) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    str::cat("Requested backend '", backend, "' for device '", comms::to_string(t),
+                             "' differs from the parent's '", backend_for(t), "' (parent backends: ", to_string(), ")"));
+      }
+      types.push_back(t);
+    }
+    for (DeviceType t : types) child.set(t, backend_for(t));
+  }
+  return child;
+}
+
 BackendSpec BackendSpec::parse(std::string_view text) {
   const std::string lowered = str::lower(str::strip(text));
   const bool is_default = lowered.empty() || lowered == "undefined";

@@ -538,44 +538,10 @@ std::shared_ptr<Comm> Comm::Impl::split(std::span<const int> ranks, const std::s
   // against the parent's map, so no plugin lookup can mask the real reason.
   BackendSpec child_spec = config_.spec;
   if (!opts.backend.empty()) {
-    child_spec = BackendSpec();
-    const std::string lowered = str::lower(opts.backend);
-    for (std::string_view raw : str::split(lowered, ',', true)) {
-      const std::string_view item = str::strip(raw);
-      const auto colon = item.find(':');
-      const std::string backend(str::strip(colon == item.npos ? item : item.substr(colon + 1)));
-      std::vector<DeviceType> types;
-      if (colon == item.npos) {
-        for (int i = 0; i < kNumDeviceTypes; ++i) {
-          if (config_.spec.backend_for(static_cast<DeviceType>(i)) == backend) types.push_back(static_cast<DeviceType>(i));
-        }
-        if (types.empty()) {
-          throw split_error(ErrorCode::kInvalidArgument,
-                            str::cat("Requested backend '", backend, "' is not present in the parent group (parent backends: ",
-                                     config_.spec.to_string(), ")"));
-        }
-      } else {
-        DeviceType t;
-        try {
-          t = parse_device_type(str::strip(item.substr(0, colon)));
-        } catch (const Error& e) {
-          throw split_error(ErrorCode::kInvalidArgument, e.what());
-        }
-        if (!config_.spec.has(t)) {
-          throw split_error(ErrorCode::kInvalidArgument,
-                            str::cat("Requested backend for device '", to_string(t),
-                                     "' is not present in the parent group (parent backends: ",
-                                     config_.spec.to_string(), ")"));
-        }
-        if (config_.spec.backend_for(t) != backend) {
-          throw split_error(ErrorCode::kInvalidArgument,
-                            str::cat("Requested backend '", backend, "' for device '", to_string(t),
-                                     "' differs from the parent's '", config_.spec.backend_for(t),
-                                     "' (parent backends: ", config_.spec.to_string(), ")"));
-        }
-        types.push_back(t);
-      }
-      for (DeviceType t : types) child_spec.set(t, config_.spec.backend_for(t));
+    try {
+      child_spec = config_.spec.select(opts.backend);
+    } catch (const Error& e) {
+      throw split_error(e.code(), e.what());
     }
   }
   for (int i = 0; i < kNumDeviceTypes; ++i) {

@@ -67,8 +67,12 @@ std::chrono::milliseconds parse_duration(std::string_view text, std::string_view
   else if (str::consume_suffix(t, "m")) scale_ms = 60'000;
   else if (str::consume_suffix(t, "h")) scale_ms = 3'600'000;
   double value = 0;
-  // !(value > 0) also catches NaN, which from_chars accepts as "nan".
-  if (t.empty() || !str::parse_double(t, &value) || !(value > 0) || value * scale_ms > 1e12) {
+  // Written to reject NaN too. The bounds are on the result, whatever the
+  // unit, so that every accepted duration can also be written in ms; under
+  // half a millisecond would round to none.
+  const bool ok = !t.empty() && str::parse_double(t, &value) && value * scale_ms >= 0.5 &&
+                  value * scale_ms <= 1e12;
+  if (!ok) {
     throw Error(ErrorCode::kInvalidArgument,
                 str::cat(what, "='", text,
                          "' is not a positive duration; use e.g. 250ms, 30s, 5m, 1h, or seconds (at most 31 years)"));

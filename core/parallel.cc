@@ -71,7 +71,7 @@ RankGenerator::RankGenerator(int tp, int ep, int dp, int pp, int cp, std::string
   auto size_of_axis = [&](std::string_view axis) {
     return size_by_axis[static_cast<size_t>(std::find(kAxes.begin(), kAxes.end(), axis) - kAxes.begin())];
   };
-  const std::string lowered_order = str::lower(order);
+  const std::string lowered_order = str::lower(order);  // outlives the views split returns
   for (std::string_view raw : str::split(lowered_order, '-', true)) {
     const std::string axis(str::strip(raw));
     if (std::find(kAxes.begin(), kAxes.end(), axis) == kAxes.end()) {
@@ -105,7 +105,7 @@ int RankGenerator::size_of(std::string_view axis) const {
 
 RankLists RankGenerator::get_ranks(std::string_view token) const {
   std::vector<bool> in_group(axes_.size(), false);
-  const std::string lowered_token = str::lower(token);
+  const std::string lowered_token = str::lower(token);  // outlives the views split returns
   for (std::string_view raw : str::split(lowered_token, '-', true)) {
     const std::string axis(str::strip(raw));
     auto it = std::find(axes_.begin(), axes_.end(), axis);

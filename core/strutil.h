@@ -119,7 +119,10 @@ inline bool consume_suffix(std::string_view& s, std::string_view suffix) {
 template <class T>
 bool parse_int(std::string_view s, T* out) {
   s = strip(s);
-  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  if (!s.empty() && s.front() == '+') {
+    s.remove_prefix(1);
+    if (s.starts_with('-')) return false;  // from_chars would read "+-1" as -1
+  }
   if (s.empty()) return false;
   auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
   return r.ec == std::errc() && r.ptr == s.data() + s.size();
@@ -127,7 +130,10 @@ bool parse_int(std::string_view s, T* out) {
 
 inline bool parse_double(std::string_view s, double* out) {
   s = strip(s);
-  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  if (!s.empty() && s.front() == '+') {
+    s.remove_prefix(1);
+    if (s.starts_with('-')) return false;  // from_chars would read "+-1" as -1
+  }
   if (s.empty()) return false;
   auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
   return r.ec == std::errc() && r.ptr == s.data() + s.size();

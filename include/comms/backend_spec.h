@@ -39,6 +39,13 @@ class BackendSpec {
   // "cpu:gloo,cuda:nccl", device types in enum order; "" when empty.
   std::string to_string() const;
 
+  // A split's filter against this (the parent's) map: the entries that
+  // `filter` names, as "backend" (every device type the parent gives it) or
+  // "device:backend" items separated by commas; case, whitespace and blank
+  // items are ignored. Throws comms::Error(kInvalidArgument) naming an item
+  // the parent does not have.
+  BackendSpec select(std::string_view filter) const;
+
   bool empty() const;
   bool has(DeviceType t) const { return !entries_[index(t)].empty(); }
   // The backend name for a device type, or "" if none.

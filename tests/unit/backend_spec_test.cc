@@ -88,5 +88,30 @@ TEST(BackendSpec, RuntimeParseFindsTheBuiltGlooPlugin) {
   }
 }
 
+TEST(BackendSpec, ASplitFilterSelectsTheParentsEntriesItNames) {
+  const BackendSpec parent = BackendSpec::parse("cpu:gloo,cuda:nccl", kWithGpu);
+  EXPECT_EQ(parent.select("nccl").to_string(), "cuda:nccl");
+  EXPECT_EQ(parent.select(" CPU : Gloo , ").to_string(), "cpu:gloo");
+  EXPECT_EQ(parent.select("gloo,cuda:nccl"), parent);
+  EXPECT_TRUE(parent.select(" , ").empty());
+
+  auto message_of = [](const BackendSpec& p, std::string_view filter) {
+    try {
+      p.select(filter);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message_of(parent, "mpi"),
+            "Requested backend 'mpi' is not present in the parent group (parent backends: cpu:gloo,cuda:nccl)");
+  EXPECT_EQ(message_of(BackendSpec::parse("gloo", kWithGpu), "cuda:nccl"),
+            "Requested backend for device 'cuda' is not present in the parent group (parent backends: cpu:gloo)");
+  EXPECT_NE(message_of(parent, "cpu:mpi").find("'mpi' for device 'cpu' differs from the parent's 'gloo'"),
+            std::string::npos);
+  EXPECT_NE(message_of(parent, "tpu:gloo").find("unknown device type 'tpu'"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace comms

@@ -1,0 +1,81 @@
+// Inputs the fuzz targets (tests/fuzz) found mishandled, fed here byte for
+// byte through the normal build so that the suite keeps them fixed. Each is
+// also in its target's corpus under tests/fuzz/corpus/.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "comms/error.h"
+#include "comms/options.h"
+#include "env.h"
+#include "plugin_registry.h"
+
+namespace comms {
+namespace {
+
+ErrorCode duration_error(const std::string& text, std::string* message = nullptr) {
+  try {
+    env::parse_duration(text, "COMMS_OP_TIMEOUT");
+  } catch (const Error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  }
+  return ErrorCode::kOk;
+}
+
+// fuzz_env: "nan" passed every comparison and was cast to an integer (UB;
+// on x86 a negative timeout).
+TEST(FuzzFindings, ADurationOfNanIsAnErrorNamingTheVariable) {
+  std::string message;
+  EXPECT_EQ(duration_error("nan", &message), ErrorCode::kInvalidArgument);
+  EXPECT_NE(message.find("COMMS_OP_TIMEOUT='nan'"), std::string::npos) << message;
+  EXPECT_EQ(duration_error("NaNs"), ErrorCode::kInvalidArgument);
+}
+
+// fuzz_env: a positive value under half a millisecond was read as a 0 ms timeout.
+TEST(FuzzFindings, ADurationThatRoundsToNoMillisecondsIsAnError) {
+  EXPECT_EQ(duration_error("0.4ms"), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(duration_error("0.0001"), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(env::parse_duration("0.5ms", "X").count(), 1);
+}
+
+// fuzz_env: "333333333s" was accepted but the same time in ms,
+// "333333333000ms", was not: the bound was on the number, not the time.
+TEST(FuzzFindings, EveryAcceptedDurationIsAlsoAcceptedInMilliseconds) {
+  EXPECT_EQ(env::parse_duration("333333333s", "X").count(), 333333333000);
+  EXPECT_EQ(env::parse_duration("333333333000ms", "X").count(), 333333333000);
+  EXPECT_EQ(env::parse_duration("1e9", "X").count(), 1'000'000'000'000);
+  EXPECT_EQ(duration_error("1e9h"), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(duration_error("1000000000001ms"), ErrorCode::kInvalidArgument);
+}
+
+// fuzz_env: from_chars reads "-0" after the '+' was dropped, so "+-0" and
+// "+-5" were integers.
+TEST(FuzzFindings, AnIntegerVariableWithBothSignsIsAnError) {
+  const char* before = std::getenv("COMMS_LOCAL_RANK");
+  const std::string saved = before ? before : "";
+  for (const char* bad : {"+-0\n", "+-5", " +-2147483648"}) {
+    setenv("COMMS_LOCAL_RANK", bad, 1);
+    EXPECT_THROW(env::get_int("COMMS_LOCAL_RANK", 0), Error) << bad;
+  }
+  setenv("COMMS_LOCAL_RANK", " +7 ", 1);
+  EXPECT_EQ(env::get_int("COMMS_LOCAL_RANK", 0), 7);
+  if (before) setenv("COMMS_LOCAL_RANK", saved.c_str(), 1);
+  else unsetenv("COMMS_LOCAL_RANK");
+}
+
+// fuzz_gloo_hints: "hostname=h,interface=eth0" was accepted and the hostname
+// silently dropped (each hint clears the other's variable, in key order).
+TEST(FuzzFindings, GlooInterfaceAndHostnameHintsTogetherAreAnError) {
+  const auto& gloo = internal::PluginRegistry::instance().get("gloo");
+  ASSERT_NE(gloo.descriptor->explain_hints, nullptr);
+  std::string json;
+  const Status s = gloo.descriptor->explain_hints(parse_hints("hostname=h,interface=eth0"), &json);
+  EXPECT_EQ(s.code, ErrorCode::kInvalidArgument) << json;
+  EXPECT_NE(s.message.find("interface='eth0' and hostname='h'"), std::string::npos) << s.message;
+  EXPECT_TRUE(gloo.descriptor->explain_hints(parse_hints("interface=lo"), &json).is_ok());
+}
+
+}  // namespace
+}  // namespace comms
