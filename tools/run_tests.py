@@ -9,9 +9,9 @@ counts as one case by its exit status. The last line printed is the sum:
 "N passed, N failed, N skipped".
 
 usage: run_tests.py BUILD_DIR [--filter SUBSTRING]... [--exclude SUBSTRING]...
-                    [--jobs N] [--label WORD] [--env NAME=VALUE]...
-A test runs when its name contains any --filter (all when none is given) and
-no --exclude. --label prefixes the summary line ("asan: N passed, ...") and
+                    [--exact] [--jobs N] [--label WORD] [--env NAME=VALUE]...
+A test runs when its name contains any --filter (is one, with --exact; all
+when none is given) and no --exclude. --label prefixes the summary line ("asan: N passed, ...") and
 the per-test lines, so tools/dev can run several builds and sum them.
 """
 import argparse
@@ -116,6 +116,7 @@ def main():
     parser.add_argument("build")
     parser.add_argument("--filter", action="append", default=[])
     parser.add_argument("--exclude", action="append", default=[])
+    parser.add_argument("--exact", action="store_true", help="--filter names whole tests")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--label", default="")
     parser.add_argument("--env", action="append", default=[],
@@ -125,7 +126,8 @@ def main():
     extra_env = dict(item.split("=", 1) for item in args.env)
     prefix = args.label + ": " if args.label else ""
     tests = [t for t in load_tests(args.build)
-             if (not args.filter or any(f in t["name"] for f in args.filter))
+             if (not args.filter or any((f == t["name"]) if args.exact else (f in t["name"])
+                                        for f in args.filter))
              and not any(x in t["name"] for x in args.exclude)]
     for t in tests:
         t["env"] = dict(t.get("env") or {}, **extra_env)

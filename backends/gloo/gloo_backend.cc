@@ -830,12 +830,6 @@ Status resolve_config(const Hints& hints, int local_size, int size,
       return {ErrorCode::kInvalidArgument, cat({"unknown gloo hint '", k, "'"})};
     }
   }
-  // Each overrides the other's variable; given together, neither may win silently.
-  if (hints.count("interface") && hints.count("hostname")) {
-    return {ErrorCode::kInvalidArgument,
-            cat({"gloo hints interface='", hints.find("interface")->second, "' and hostname='",
-                 hints.find("hostname")->second, "' were both given; set one"})};
-  }
   Status s = resolve_busy_poll(busy_poll, busy_poll_from, local_size, &cfg);
   if (!s.is_ok()) return s;
   if (!cfg.interface.empty() && !cfg.hostname.empty()) {

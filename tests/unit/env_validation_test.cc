@@ -43,6 +43,10 @@ const std::map<std::string, Decision>& decisions() {
       {"COMMS_STORE", {Malformed{"COMMS_STORE", "http://host:1"}}},
       {"COMMS_LAUNCHER_STORE",
        {Malformed{"COMMS_LAUNCHER_STORE", "maybe", {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}}}}},
+      {"COMMS_STORE_TOKEN", {std::nullopt, "a secret of any bytes; a wrong one is refused by the store, which the "
+                                           "StoreAuth tests cover"}},
+      {"COMMS_STORE_TOKEN_FILE",
+       {Malformed{"COMMS_STORE_TOKEN_FILE", "/nonexistent/token", {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}}}}},
       {"COMMS_PLUGIN_PATH", {std::nullopt, "a list of directories, searched in turn; one that does not exist is "
                                            "skipped, as PATH does"}},
       {"COMMS_BACKEND_LIB_<NAME>", {Malformed{"COMMS_BACKEND_LIB_GLOO", "/nonexistent/libcomms-gloo.so"}}},
