@@ -67,6 +67,11 @@ BootstrapInfo bootstrap_from_environment() {
     auto local_rank = env::get(f.local_rank);
     auto local_size = env::get(f.local_size);
     info.local_rank = local_rank ? read_int(f.local_rank, *local_rank, 0) : info.rank;
+    // A local rank is one of the job's ranks; this also keeps local_rank + 1 below in range.
+    if (info.local_rank >= info.world_size) {
+      throw Error(ErrorCode::kInvalidArgument, str::cat(f.local_rank, "=", info.local_rank, " is not below ",
+                                                        f.size, "=", info.world_size));
+    }
     info.local_world_size = local_size ? read_int(f.local_size, *local_size, 1) : info.world_size;
     if (info.local_rank >= info.local_world_size) info.local_world_size = info.local_rank + 1;
     return info;

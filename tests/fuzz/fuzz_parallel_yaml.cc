@@ -55,14 +55,28 @@ int count_fields(const BackendOptions& o) {
          !!g.hostname + !!g.busy_poll;
 }
 
+// Well-formed UTF-8 (Unicode 15, table 3-7): no overlong forms, surrogates
+// or code points above U+10FFFF.
 bool valid_utf8(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
     const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+    if (c < 0x80) n = 1;
+    else if (c >= 0xc2 && c <= 0xdf) n = 2;
+    else if (c == 0xe0) n = 3, lo = 0xa0;
+    else if (c == 0xed) n = 3, hi = 0x9f;
+    else if (c >= 0xe1 && c <= 0xef) n = 3;
+    else if (c == 0xf0) n = 4, lo = 0x90;
+    else if (c == 0xf4) n = 4, hi = 0x8f;
+    else if (c >= 0xf1 && c <= 0xf3) n = 4;
+    else return false;
+    if (i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xbf)) return false;
+    }
     i += n;
   }
   return true;

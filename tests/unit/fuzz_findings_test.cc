@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "comms/bootstrap.h"
 #include "comms/error.h"
 #include "comms/options.h"
 #include "env.h"
@@ -63,6 +67,57 @@ TEST(FuzzFindings, AnIntegerVariableWithBothSignsIsAnError) {
   EXPECT_EQ(env::get_int("COMMS_LOCAL_RANK", 0), 7);
   if (before) setenv("COMMS_LOCAL_RANK", saved.c_str(), 1);
   else unsetenv("COMMS_LOCAL_RANK");
+}
+
+// Sets launcher variables for one test and restores every family after it.
+class LauncherVariables {
+ public:
+  LauncherVariables() {
+    for (const char* name : kNames) {
+      const char* v = std::getenv(name);
+      saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
+      unsetenv(name);
+    }
+  }
+  ~LauncherVariables() {
+    for (const auto& [name, v] : saved_) {
+      if (v) setenv(name, v->c_str(), 1);
+      else unsetenv(name);
+    }
+  }
+
+ private:
+  static constexpr const char* kNames[] = {
+      "COMMS_RANK", "COMMS_WORLD_SIZE", "COMMS_LOCAL_RANK", "COMMS_LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE",
+      "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+      "MPI_LOCALNRANKS", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"};
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
+};
+
+// fuzz_env: "\x033\n8\n2147483647\0...\0" "0\n4(": SLURM_LOCALID=2147483647 with
+// SLURM_NTASKS_PER_NODE=4( made local_world_size = local_rank + 1 overflow
+// (UB; in practice a negative local world size).
+TEST(FuzzFindings, ALocalRankOutsideTheWorldIsAnError) {
+  LauncherVariables guard;
+  setenv("SLURM_PROCID", "3", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  setenv("SLURM_LOCALID", std::string("2147483647\0\0", 12).c_str(), 1);
+  setenv("SLURM_NTASKS_PER_NODE", "4(", 1);
+  try {
+    const BootstrapInfo info = bootstrap_from_environment();
+    ADD_FAILURE() << "accepted: local rank " << info.local_rank << " of " << info.local_world_size;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("SLURM_LOCALID=2147483647 is not below SLURM_NTASKS=8"), std::string::npos)
+        << e.what();
+  }
+  // A node with fewer tasks than this rank's local id (SLURM's "2,4") still widens.
+  setenv("SLURM_LOCALID", "3", 1);
+  setenv("SLURM_NTASKS_PER_NODE", "2,4", 1);
+  const BootstrapInfo info = bootstrap_from_environment();
+  EXPECT_EQ(info.local_rank, 3);
+  EXPECT_EQ(info.local_world_size, 4);
 }
 
 // fuzz_gloo_hints: "hostname=h,interface=eth0" was accepted and the hostname
