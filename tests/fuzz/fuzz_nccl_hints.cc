@@ -125,11 +125,7 @@ void check_merge(const Hints& parent, const Hints& call) {
     if (bare(k) == "comm_name") FUZZ_CHECK(given(call, "comm_name"), "comm_name inherited from the parent");
   }
   for (const auto& [k, v] : call) {
-    FUZZ_CHECK(merged.count(bare(k)), "the call's '" + k + "' lost");
-    // Both spellings in one call are a hint given twice, which issue 16
-    // makes an error where hints are parsed; either value may be kept here.
-    const bool twice = call.count(bare(k)) && call.count("nccl." + bare(k));
-    if (!twice) FUZZ_CHECK(merged.at(bare(k)) == v, "the call's '" + k + "' lost its value");
+    FUZZ_CHECK(merged.count(bare(k)) && merged.at(bare(k)) == v, "the call's '" + k + "' lost");
   }
   for (const auto& [k, v] : parent) {
     if (bare(k) == "comm_name" || given(call, bare(k))) continue;
@@ -158,14 +154,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const comms::Error&) {
     return -1;  // not a hint string: fuzz_hints covers the parser
   }
+  // Out of the domain: the core strips the backend prefix before the plugin
+  // sees a key and rejects what is left if it is not a plugin key, so
+  // "nccl.nccl.x" never arrives; and "x" with "nccl.x" is a hint given twice,
+  // which issue 16 makes an error where hints are parsed.
+  for (const Hints* h : {&hints, &call}) {
+    for (const auto& [k, v] : *h)
+      if (k.starts_with("nccl.nccl.") || h->count("nccl." + k)) return -1;
+  }
   check_translation(hints);
   if (lines.size() > 1) {
     check_translation(call);
-    // A parent's hints have passed routing, which refuses a key given both
-    // bare and prefixed; such a parent cannot reach merge_split_hints.
-    bool both_spellings = false;
-    for (const auto& [k, v] : hints) both_spellings = both_spellings || (k.starts_with("nccl.") && hints.count(k.substr(5)));
-    if (!both_spellings) check_merge(hints, call);
+    check_merge(hints, call);
   }
   return 0;
 }
