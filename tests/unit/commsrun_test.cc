@@ -3,6 +3,8 @@
 // run is bounded: the helper kills commsrun if it outlives its limit.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include "subprocess.h"
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -144,17 +146,7 @@ std::string describe(const RunResult& r) {
 }
 
 // A TCP port that was free a moment ago.
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof(address);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), size), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size), 0);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
+int free_port() { return comms::testing::free_loopback_port(); }
 
 TEST(Commsrun, RanksReceiveTheTorchrunVariablesAndTheRealStorePort) {
   auto r = run_commsrun({"-n", "3", "--master-port", "0", "--", "sh", "-c",
