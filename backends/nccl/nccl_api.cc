@@ -129,6 +129,9 @@ class RealNcclApi final : public NcclApi {
   cudaError_t stream_create(cudaStream_t* s, int priority) override {
     return cudaStreamCreateWithPriority(s, cudaStreamNonBlocking, priority);
   }
+  cudaError_t stream_get_priority(cudaStream_t s, int* priority) override {
+    return cudaStreamGetPriority(s, priority);
+  }
   cudaError_t stream_destroy(cudaStream_t s) override { return cudaStreamDestroy(s); }
   cudaError_t event_create(cudaEvent_t* e) override {
     return cudaEventCreateWithFlags(e, cudaEventDisableTiming);
@@ -161,6 +164,11 @@ void apply_to_config(const NcclConfigFields& f, ncclConfig_t* config) {
   COMMS_SET_FIELD(cgaClusterSize, f.cga_cluster_size);
   COMMS_SET_FIELD(minCTAs, f.min_ctas);
   COMMS_SET_FIELD(maxCTAs, f.max_ctas);
+  // NCCL checks minCTAs > maxCTAs even when maxCTAs is unset (its "undefined"
+  // is INT_MIN), so min_ctas alone fails init and split with "Invalid config
+  // min/max channels attribute value 2/-2147483648" (NCCL 2.28.3). Give
+  // maxCTAs its default then.
+  if (f.min_ctas && !f.max_ctas) config->maxCTAs = kMaxCtas;
   COMMS_SET_STRING_FIELD(netName, f.net_name);
   COMMS_SET_FIELD(splitShare, f.split_share);
   COMMS_SET_FIELD(trafficClass, f.traffic_class);

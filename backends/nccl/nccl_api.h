@@ -63,6 +63,8 @@ class NcclApi {
   virtual cudaError_t compute_capability(int device, int* major, int* minor) = 0;
   virtual cudaError_t stream_priority_range(int* least, int* greatest) = 0;
   virtual cudaError_t stream_create(cudaStream_t* s, int priority) = 0;
+  // The priority CUDA gave the stream (it clamps a requested one to the range).
+  virtual cudaError_t stream_get_priority(cudaStream_t s, int* priority) = 0;
   virtual cudaError_t stream_destroy(cudaStream_t s) = 0;
   virtual cudaError_t event_create(cudaEvent_t* e) = 0;  // timing disabled
   virtual cudaError_t event_destroy(cudaEvent_t e) = 0;

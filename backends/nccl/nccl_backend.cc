@@ -99,6 +99,12 @@ ReductionPlan plan_reduction(DataType dtype, ReduceKind kind, int cc_major, int 
     return reject("fp8 reductions need a device of compute capability 9.0 (sm_90) or newer; "
                   "this one is " + std::to_string(cc_major) + "." + std::to_string(cc_minor));
   }
+  // NCCL (through 2.28 at least) reduces fp8 with sum, product, min and
+  // max; avg and premul_sum fail at launch with "invalid argument", as seen
+  // on an H100 with NCCL 2.28.3.
+  if (fp8 && (kind == ReduceKind::kAvg || kind == ReduceKind::kPremulSum)) {
+    return reject("NCCL has no " + std::string(to_string(kind)) + " for fp8 (it has sum, product, min and max)");
+  }
   plan.dtype = *native_dtype(dtype);
   switch (kind) {
     case ReduceKind::kSum: plan.op = ncclSum; break;
@@ -480,8 +486,14 @@ class Core {
     const auto deadline = Clock::now() + timeout;
     ncclComm_t out = nullptr;
     ncclResult_t r = api_->comm_split(comm_, color, key, &out, &config);
-    // A non-member gets no child; its progress is the parent's.
-    Status s = settle(out ? out : comm_, r, deadline, "ncclCommSplit");
+    // On a non-blocking parent the split may return ncclSuccess with the
+    // parent still in progress and `out` not yet set (NCCL 2.28.3): NCCL
+    // refuses the parent's next call ("Attempt to use communicator before the
+    // previous operation returned ncclSuccess") until the parent is polled to
+    // success. So the parent is always polled, then the child once it exists.
+    // A non-member gets no child.
+    Status s = settle(comm_, r == ncclSuccess ? ncclInProgress : r, deadline, "ncclCommSplit");
+    if (s.is_ok() && out) s = settle(out, ncclInProgress, deadline, "ncclCommSplit (the new communicator)");
     if (!s.is_ok()) {
       if (out) api_->comm_abort(out);
       if (s.code == ErrorCode::kTimeout) {
@@ -507,7 +519,11 @@ class Core {
   std::string describe_locked() const {
     nlohmann::ordered_json j;
     j["backend"] = "nccl";
-    j["nccl_version"] = nccl_version_string(NCCL_VERSION_CODE);
+    // The library loaded at run time, which may differ from the headers built against.
+    int runtime_version = 0;
+    j["nccl_version"] = api_->get_version(&runtime_version) == ncclSuccess ? nccl_version_string(runtime_version)
+                                                                          : "unknown";
+    j["nccl_headers"] = nccl_version_string(NCCL_VERSION_CODE);
     j["device"] = "cuda:" + std::to_string(device_);
     if (cc_major_ >= 0) j["compute_capability"] = std::to_string(cc_major_) + "." + std::to_string(cc_minor_);
     else j["compute_capability"] = nullptr;
@@ -518,6 +534,10 @@ class Core {
     prio["class"] = hints_.priority == StreamPriority::kHigh ? "high" : "default";
     if (stream_) prio["value"] = stream_priority_;
     else prio["value"] = nullptr;
+    // What CUDA reports for the stream itself, not what was asked for.
+    int read_back = 0;
+    if (stream_ && api_->stream_get_priority(stream_, &read_back) == cudaSuccess) prio["read_back"] = read_back;
+    else prio["read_back"] = nullptr;
     j["stream_priority"] = prio;
     j["init_timeout_ms"] = init_.init_timeout.count();
     j["op_timeout_ms"] = op_timeout_.count();

@@ -13,7 +13,6 @@ namespace comms::nccl {
 namespace {
 
 constexpr int kCtaPolicyZeroVersion = 22800;
-constexpr int kMaxCtas = 64;  // NCCL's MAXCHANNELS
 
 std::string lower(std::string_view s) {
   std::string out(s);

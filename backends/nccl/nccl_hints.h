@@ -26,6 +26,9 @@ struct HintKeyVersion {
 // key's field; 0 for keys that are not config fields. nccl_api.cc checks at
 // compile time that every key allowed for the linked NCCL has its field, so a
 // wrong entry fails the build rather than a communicator.
+// NCCL's MAXCHANNELS: the most CTAs a collective uses, and maxCTAs' default.
+inline constexpr int kMaxCtas = 64;
+
 inline constexpr HintKeyVersion kHintKeyVersions[] = {
     {"blocking", 21400},
     {"cga_cluster_size", 21400},

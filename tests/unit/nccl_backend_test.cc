@@ -151,6 +151,7 @@ TEST_F(NcclBackendTest, DescribeReportsEffectiveConfigPriorityDeviceAndVersion) 
   EXPECT_TRUE(j["nccl_config"]["max_ctas"].is_null());
   EXPECT_EQ(j["stream_priority"]["class"], "high");
   EXPECT_EQ(j["stream_priority"]["value"], -5);
+  EXPECT_EQ(j["stream_priority"]["read_back"], -5);
   EXPECT_EQ(j["device"], "cuda:0");
   EXPECT_EQ(j["nccl_version"], nccl_version_string(NCCL_VERSION_CODE));
   EXPECT_EQ(j["initialized"], true);
@@ -369,6 +370,9 @@ TEST_F(NcclBackendTest, SplitColorIsTheGroupsSmallestRankKeyThePositionAndHintsM
     const auto& cfg = api->split_configs[0];
     EXPECT_EQ(cfg.config.cgaClusterSize, 4);
     EXPECT_EQ(cfg.config.minCTAs, 2);
+    // min_ctas alone: NCCL compares it with an unset maxCTAs (INT_MIN) and
+    // refuses, so maxCTAs gets NCCL's default.
+    EXPECT_EQ(cfg.config.maxCTAs, comms::nccl::kMaxCtas);
     EXPECT_EQ(cfg.config.blocking, 0);
     EXPECT_EQ(cfg.comm_name, "world/tp");
     EXPECT_THAT(api->stream_priorities, ElementsAre(-5, -5));  // child inherits the high priority
@@ -376,6 +380,10 @@ TEST_F(NcclBackendTest, SplitColorIsTheGroupsSmallestRankKeyThePositionAndHintsM
   auto j = nlohmann::json::parse(child->describe());
   EXPECT_EQ(j["stream_priority"]["class"], "high");
   EXPECT_EQ(j["nccl_config"]["min_ctas"], 2);
+  // The parent was polled until its split settled: NCCL takes its next op.
+  std::unique_ptr<plugin::Work> w;
+  ASSERT_TRUE(b->submit(op(OpType::kAllReduce, 4), &w).is_ok());
+  if (w) EXPECT_TRUE(w->wait(WaitMode::kBlocking).is_ok());
   EXPECT_TRUE(child->finalize().is_ok());
 }
 
@@ -427,6 +435,11 @@ TEST_F(NcclBackendTest, ReductionSupportFollowsNcclAndTheDevice) {
   EXPECT_FALSE(b->supports_reduction(DataType::kInt32, ReduceKind::kBand));
   EXPECT_FALSE(b->supports_reduction(DataType::kFloat32, ReduceKind::kBxor));
   EXPECT_TRUE(b->supports_reduction(DataType::kFloat8E4M3, ReduceKind::kSum));  // sm_90 fake
+  EXPECT_TRUE(b->supports_reduction(DataType::kFloat8E5M2, ReduceKind::kProduct));
+  // Found on an H100 (NCCL 2.28.3): avg and premul_sum of fp8 fail at launch.
+  EXPECT_FALSE(b->supports_reduction(DataType::kFloat8E4M3, ReduceKind::kAvg));
+  EXPECT_FALSE(b->supports_reduction(DataType::kFloat8E5M2, ReduceKind::kPremulSum));
+  EXPECT_THAT(plan_reduction(DataType::kFloat8E4M3, ReduceKind::kAvg, 9, 0).reason, HasSubstr("no avg for fp8"));
 
   EXPECT_THAT(plan_reduction(DataType::kFloat8E5M2, ReduceKind::kMax, 8, 0).reason,
               HasSubstr("compute capability 9.0"));

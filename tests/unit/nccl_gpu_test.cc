@@ -222,10 +222,10 @@ TEST_F(NcclGpu, EveryOpAndDtypeGivesTheSingleRankResult) {
         o.p2p = p2p;
         std::unique_ptr<comms::plugin::Work> w;
         Status s = b->submit(o, &w);
-        ASSERT_TRUE(s.is_ok()) << comms::plugin::op_name(op) << " " << type_name(t) << ": "
+        ASSERT_TRUE(s.is_ok()) << comms::plugin::op_name(op) << " " << type_name(t) << " " << comms::to_string(rop.kind) << ": "
                                << s.message;
         s = w->wait(WaitMode::kBlocking);
-        ASSERT_TRUE(s.is_ok()) << comms::plugin::op_name(op) << " " << type_name(t) << ": "
+        ASSERT_TRUE(s.is_ok()) << comms::plugin::op_name(op) << " " << type_name(t) << " " << comms::to_string(rop.kind) << ": "
                                << s.message;
         CUDA_OK(cudaMemcpy(back.data(), out.ptr, bytes, cudaMemcpyDeviceToHost));
         const double factor = rop.kind == ReduceKind::kPremulSum ? 2.0 : 1.0;
@@ -258,10 +258,13 @@ TEST_F(NcclGpu, HighPriorityHintGivesTheGreatestStreamPriority) {
   auto j = nlohmann::json::parse(b->describe());
   EXPECT_EQ(j["stream_priority"]["class"], "high");
   EXPECT_EQ(j["stream_priority"]["value"], greatest);
+  // cudaStreamGetPriority on the comm's own stream.
+  EXPECT_EQ(j["stream_priority"]["read_back"], greatest);
   EXPECT_EQ(j["nccl_config"]["cga_cluster_size"], 2);
   EXPECT_EQ(j["nccl_config"]["max_ctas"], 8);
   auto plain = nlohmann::json::parse(make()->describe());
   EXPECT_EQ(plain["stream_priority"]["value"], 0);
+  EXPECT_EQ(plain["stream_priority"]["read_back"], 0);
 }
 
 TEST_F(NcclGpu, SplitChildWorksAndKeepsTheParentsHints) {

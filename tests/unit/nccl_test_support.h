@@ -95,16 +95,24 @@ class FakeNcclApi final : public NcclApi {
     std::lock_guard l(mu_);
     split_configs.push_back(capture(*config));
     split_color_key.emplace_back(color, key);
-    *child = color == NCCL_SPLIT_NOCOLOR ? nullptr : next_comm();
+    // As NCCL 2.28.3 does on a non-blocking parent: success at once, the
+    // parent in progress, and the child handle written only once the parent
+    // has been polled to success.
+    *child = nullptr;
+    deferred_child_ = color == NCCL_SPLIT_NOCOLOR ? nullptr : child;
     pending_ = in_progress_polls;
     record("comm_split");
-    return ncclInProgress;
+    return ncclSuccess;
   }
   ncclResult_t comm_get_async_error(ncclComm_t, ncclResult_t* e) override {
     std::lock_guard l(mu_);
     if (pending_ != 0) {
       if (pending_ > 0) --pending_;
       *e = ncclInProgress;
+      if (pending_ == 0 && deferred_child_) {
+        *deferred_child_ = next_comm();
+        deferred_child_ = nullptr;
+      }
     } else {
       *e = async_error;
     }
@@ -234,6 +242,14 @@ class FakeNcclApi final : public NcclApi {
     std::lock_guard l(mu_);
     stream_priorities.push_back(priority);
     *s = reinterpret_cast<cudaStream_t>(next_handle_++);
+    stream_handles_[*s] = stream_priorities.size() - 1;
+    return cudaSuccess;
+  }
+  cudaError_t stream_get_priority(cudaStream_t s, int* priority) override {
+    std::lock_guard l(mu_);
+    auto it = stream_handles_.find(s);
+    if (it == stream_handles_.end()) return cudaErrorInvalidResourceHandle;
+    *priority = stream_priorities[it->second];
     return cudaSuccess;
   }
   cudaError_t stream_destroy(cudaStream_t) override {
@@ -297,12 +313,17 @@ class FakeNcclApi final : public NcclApi {
                        ncclDataType_t dt, ncclRedOp_t op, int root) {
     std::lock_guard l(mu_);
     calls.push_back(NcclCall{name, in, out, n, dt, op, root});
-    return ncclSuccess;
+    // NCCL refuses a call on a communicator whose last operation is still in
+    // progress ("Attempt to use communicator before the previous operation
+    // returned ncclSuccess").
+    return pending_ != 0 ? ncclInvalidArgument : ncclSuccess;
   }
 
   std::mutex mu_;
   std::map<cudaEvent_t, bool> events_;
+  std::map<cudaStream_t, size_t> stream_handles_;  // index into stream_priorities
   int pending_ = 0;
+  ncclComm_t* deferred_child_ = nullptr;  // the split's output, written once the parent settles
   uintptr_t next_handle_ = 0x1000;
 };
 

@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""The GPU check: every promise of the NCCL path, run on a CUDA device.
+
+  gpu_check.py run BUILD_OR_BUNDLE OUT_DIR   run the checks, write OUT_DIR/report.md and report.json
+  gpu_check.py bundle BUILD BUNDLE_DIR       copy what `run` needs out of a build, for a machine
+                                             that cannot build (tools/dev gpu-bundle; the device tool)
+
+`run` without a CUDA device prints one line saying so and exits 0. With one it
+runs each check (the NCCL plugin's GPU unit tests, the conformance suite on
+CUDA buffers at world size = number of GPUs, the GPU story tests under
+commsrun, comms-bench --overhead at four sizes), prints a line per check, and
+exits 1 if any failed. Every check has a time bound.
+"""
+import ctypes
+import datetime
+import glob
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# What `run` needs, relative to a build directory (a bundle keeps the layout,
+# so the programs' $ORIGIN-relative run paths to libcomms still hold).
+PROGRAMS = [
+    "tools/commsrun",
+    "tools/comms-conformance",
+    "tools/comms-bench",
+    "tools/comms-info",
+    "tests/unit/nccl_unit_test",
+    "tests/unit/nccl_gpu_test",
+    "tests/gpu/gpu_story_test",
+]
+LIBRARIES = ["core/libcomms.so.0", "backends/gloo/libcomms-gloo.so", "backends/nccl/libcomms-nccl.so"]
+PLUGIN_DIRS = ["backends/gloo", "backends/nccl"]
+
+# Libraries a CUDA machine has (the C and C++ runtimes, the driver, CUDA's
+# runtime and NCCL, which must match the driver): never copied into a bundle.
+SYSTEM_LIBRARIES = re.compile(
+    r"^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|"
+    r"libcuda\.|libcudart\.|libnccl\.|libnvidia)")
+
+# Sources whose content a bundle was built from; `run` refuses a bundle whose
+# sources differ from the tree beside it (a stale bundle would report on old code).
+SOURCE_DIRS = ["core", "backends", "include", "tools", "tests/unit", "tests/gpu", "tests/conformance",
+               "tests/support"]
+SOURCE_SUFFIXES = (".cc", ".h", ".build", ".txt", ".py")
+
+OVERHEAD_SIZES = ["8", "4K", "1M", "1G"]
+
+
+def source_digest():
+    h = hashlib.sha256()
+    files = []
+    for d in SOURCE_DIRS:
+        for dirpath, _, names in os.walk(os.path.join(ROOT, d)):
+            files += [os.path.join(dirpath, n) for n in names if n.endswith(SOURCE_SUFFIXES)]
+    for path in sorted(files, key=lambda p: os.path.relpath(p, ROOT)):
+        h.update(os.path.relpath(path, ROOT).encode() + b"\0")
+        with open(path, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+# --- bundle -------------------------------------------------------------------
+
+def needed_libraries(path):
+    out = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
+    libs = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*(\S+) => (\S+)", line)
+        if m and m.group(2) != "not" and not SYSTEM_LIBRARIES.match(m.group(1)):
+            libs[m.group(1)] = m.group(2)
+    return libs
+
+
+def bundle(build, dest):
+    build = os.path.abspath(build)
+    missing = [p for p in PROGRAMS + LIBRARIES if not os.path.exists(os.path.join(build, p))]
+    if missing:
+        sys.exit("gpu_check.py bundle: not built in %s: %s (is the NCCL plugin part of the build?)"
+                 % (build, ", ".join(missing)))
+    if os.path.exists(dest):
+        shutil.rmtree(dest)
+    extra = {}
+    for rel in PROGRAMS + LIBRARIES:
+        src = os.path.join(build, rel)
+        out = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        # Line tables and symbols stay out: the bundle has to travel (64 MiB).
+        subprocess.run(["objcopy", "--strip-debug", os.path.realpath(src), out], check=True)
+        extra.update(needed_libraries(src))
+    if os.path.exists(os.path.join(dest, "core/libcomms.so.0")):
+        os.symlink("libcomms.so.0", os.path.join(dest, "core/libcomms.so"))
+    os.makedirs(os.path.join(dest, "lib"), exist_ok=True)
+    for name, path in sorted(extra.items()):
+        if name.startswith("libcomms"):
+            continue
+        subprocess.run(["objcopy", "--strip-debug", os.path.realpath(path), os.path.join(dest, "lib", name)],
+                       check=True)
+    manifest = {"sources": source_digest(), "built_on": platform.node(),
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "libraries": sorted(n for n in extra if not n.startswith("libcomms"))}
+    with open(os.path.join(dest, "MANIFEST.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    size = sum(os.path.getsize(p) for p in glob.glob(dest + "/**", recursive=True) if os.path.isfile(p))
+    print("gpu_check.py: bundle in %s, %.1f MiB" % (dest, size / 2**20))
+
+
+# --- run ----------------------------------------------------------------------
+
+def cuda_devices():
+    """(count, reason): the CUDA devices the runtime sees, or 0 and why not."""
+    for name in ["libcudart.so.13", "libcudart.so"]:
+        try:
+            rt = ctypes.CDLL(name)
+            break
+        except OSError:
+            rt = None
+    if rt is None:
+        for path in glob.glob("/usr/local/cuda/lib64/libcudart.so*"):
+            try:
+                rt = ctypes.CDLL(path)
+                break
+            except OSError:
+                pass
+    if rt is None:
+        return 0, "no CUDA runtime (libcudart) on this machine"
+    count = ctypes.c_int(0)
+    err = rt.cudaGetDeviceCount(ctypes.byref(count))
+    if err != 0:
+        rt.cudaGetErrorString.restype = ctypes.c_char_p
+        return 0, "cudaGetDeviceCount: %s" % rt.cudaGetErrorString(err).decode()
+    if count.value == 0:
+        return 0, "the CUDA runtime sees no device"
+    return count.value, ""
+
+
+def device_facts():
+    facts = {}
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+        facts["gpus"] = q
+    except (OSError, subprocess.SubprocessError) as e:
+        facts["gpus"] = ["nvidia-smi failed: %s" % e]
+    return facts
+
+
+class Runner:
+    def __init__(self, tree, out, gpus):
+        self.tree = tree
+        self.out = out
+        self.gpus = gpus
+        self.results = []
+        self.env = dict(os.environ)
+        lib = os.path.join(tree, "lib")
+        if os.path.isdir(lib):
+            self.env["LD_LIBRARY_PATH"] = lib + (":" + self.env["LD_LIBRARY_PATH"]
+                                                 if self.env.get("LD_LIBRARY_PATH") else "")
+        self.env["COMMS_PLUGIN_PATH"] = ":".join(os.path.join(tree, d) for d in PLUGIN_DIRS)
+        self.env["COMMS_NCCL_PLUGIN"] = os.path.join(tree, "backends/nccl/libcomms-nccl.so")
+        for k in ["COMMS_BACKEND", "COMMS_HINTS", "COMMS_ROUTE"]:
+            self.env.pop(k, None)
+        # NCCL says why it returned "invalid argument" only in its own log.
+        self.env.setdefault("NCCL_DEBUG", "WARN")
+
+    def path(self, rel):
+        return os.path.join(self.tree, rel)
+
+    def commsrun(self, n, timeout_s):
+        return [self.path("tools/commsrun"), "-n", str(n), "--timeout", str(timeout_s), "--"]
+
+    def execute(self, name, argv, timeout_s, env=None):
+        log = os.path.join(self.out, name + ".log")
+        start = time.monotonic()
+        run_env = dict(self.env)
+        run_env.update(env or {})
+        try:
+            p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               errors="replace", timeout=timeout_s, env=run_env)
+            output, rc = p.stdout, p.returncode
+        except subprocess.TimeoutExpired as e:
+            output = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            output += "\n(killed after %d s)" % timeout_s
+            rc = 124
+        with open(log, "w") as f:
+            f.write("$ " + " ".join(argv) + "\n" + output)
+        return rc, output, time.monotonic() - start
+
+    def record(self, name, what, status, seconds, details, data=None):
+        self.results.append({"check": name, "what": what, "status": status, "seconds": round(seconds, 1),
+                             "details": details, "data": data or {}, "log": name + ".log"})
+        print("gpu-check: %-24s %-6s %6.1f s  %s" % (name, status.upper(), seconds, details.splitlines()[0]
+                                                      if details else ""), flush=True)
+
+    # Each check ---------------------------------------------------------------
+
+    def gtest(self, name, what, argv, timeout_s, env=None):
+        json_dir = tempfile.mkdtemp(prefix="gpu-check-")
+        env = dict(env or {})
+        env["GTEST_OUTPUT"] = "json:%s/" % json_dir
+        rc, output, secs = self.execute(name, argv, timeout_s, env)
+        cases = []
+        for path in sorted(glob.glob(json_dir + "/*.json")):
+            with open(path) as f:
+                report = json.load(f)
+            for suite in report.get("testsuites", []):
+                for t in suite.get("testsuite", []):
+                    failures = [x.get("failure", "") for x in t.get("failures", [])]
+                    skipped = t.get("result") == "SKIPPED"
+                    cases.append({"name": suite["name"] + "." + t["name"],
+                                  "status": "fail" if failures else "skip" if skipped else "pass",
+                                  "time": t.get("time", ""),
+                                  "message": (failures[0] if failures else self.skip_message(output, t["name"]))[:2000]})
+        shutil.rmtree(json_dir, ignore_errors=True)
+        counts = {s: sum(c["status"] == s for c in cases) for s in ("pass", "fail", "skip")}
+        status = "pass" if rc == 0 and cases and counts["fail"] == 0 else "fail"
+        details = "%d passed, %d failed, %d skipped" % (counts["pass"], counts["fail"], counts["skip"])
+        if rc != 0 and counts["fail"] == 0:
+            details += " (exit %d: %s)" % (rc, output.strip().splitlines()[-1] if output.strip() else "no output")
+        self.record(name, what, status, secs, details, {"cases": cases})
+
+    @staticmethod
+    def skip_message(output, test):
+        m = re.search(r"Skipped\s*\n?(.*)\n\[  SKIPPED \] [^\n]*\." + re.escape(test), output)
+        return m.group(1).strip() if m else ""
+
+    def conformance(self):
+        json_path = os.path.join(self.out, "conformance.json")
+        argv = self.commsrun(self.gpus, 900) + [self.path("tools/comms-conformance"), "--backend", "cuda:nccl",
+                                                "--device", "cuda", "--json", json_path]
+        rc, output, secs = self.execute("conformance", argv, 960)
+        m = re.findall(r"(\d+) passed, (\d+) failed(?:, (\d+) skipped)?", output)
+        details = ("%s passed, %s failed, %s skipped" % (m[-1][0], m[-1][1], m[-1][2] or 0)) if m else "no summary"
+        data = {}
+        if os.path.exists(json_path):
+            with open(json_path) as f:
+                data = {"report": json.load(f)}
+        failed = rc != 0 or not m or m[-1][1] != "0" or m[-1][0] == "0"
+        if rc != 0:
+            details += " (exit %d)" % rc
+        self.record("conformance", "comms-conformance --device cuda --backend cuda:nccl, world size %d" % self.gpus,
+                    "fail" if failed else "pass", secs, details, data)
+
+    def bench(self):
+        rows, failures, total = [], [], 0.0
+        for size in OVERHEAD_SIZES:
+            json_path = os.path.join(self.out, "bench-%s.json" % size)
+            argv = self.commsrun(self.gpus, 280) + [
+                self.path("tools/comms-bench"), "--device", "cuda", "--overhead", "-b", size, "-e", size,
+                "-o", "all_reduce", "-d", "float32", "--json", json_path]
+            rc, output, secs = self.execute("bench-" + size, argv, 300)
+            total += secs
+            if rc != 0:
+                failures.append("%s: exit %d: %s" % (size, rc, output.strip().splitlines()[-1] if output.strip()
+                                                      else "no output"))
+                continue
+            with open(json_path) as f:
+                report = json.load(f)
+            for r in report.get("results", report if isinstance(report, list) else []):
+                rows.append(r)
+                if r.get("wrong", 0):
+                    failures.append("%s: %d wrong values" % (size, r["wrong"]))
+        details = "; ".join("%s B: comms p50 %.2f us, raw NCCL p50 %.2f us, overhead %.2f us (%.1f %%)" % (
+            r.get("bytes"), r.get("p50_us", float("nan")), r.get("raw_p50_us", float("nan")),
+            r.get("overhead_us", float("nan")), r.get("overhead_pct", float("nan"))) for r in rows)
+        self.record("bench_overhead", "comms-bench --device cuda --overhead (all_reduce float32) at %s"
+                    % ", ".join(OVERHEAD_SIZES), "fail" if failures else "pass", total,
+                    ("; ".join(failures) + ("; " if failures and details else "")) + details, {"rows": rows})
+
+    def run_all(self):
+        self.gtest("nccl_unit", "the NCCL plugin's logic through its fake NcclApi",
+                   [self.path("tests/unit/nccl_unit_test")], 300)
+        self.gtest("nccl_gpu", "the built plugin through its descriptor, on the device (world size 1)",
+                   [self.path("tests/unit/nccl_gpu_test")], 600)
+        self.conformance()
+        story_log = os.path.join(self.out, "nccl-debug")
+        os.makedirs(story_log, exist_ok=True)
+        self.gtest("gpu_story", "eager binding, hints on the device, offload/reload, timeout and abort "
+                   "(world size %d)" % self.gpus,
+                   self.commsrun(self.gpus, 580) + [self.path("tests/gpu/gpu_story_test")], 600,
+                   {"GPU_STORY_NCCL_LOG_DIR": story_log})
+        self.bench()
+
+
+def write_report(out, facts, results, started):
+    passed = sum(r["status"] == "pass" for r in results)
+    failed = sum(r["status"] == "fail" for r in results)
+    report = {"date": started, "machine": facts, "results": results,
+              "summary": {"passed": passed, "failed": failed}}
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    lines = ["# comms gpu-check report", "",
+             "- date: %s" % started,
+             "- GPUs: %s" % "; ".join(facts.get("gpus", [])),
+             "- NCCL: %s" % facts.get("nccl_version", "unknown"),
+             "- checks: %d passed, %d failed" % (passed, failed), "",
+             "| check | what | result | time | details |", "|---|---|---|---|---|"]
+    for r in results:
+        lines.append("| %s | %s | %s | %.1f s | %s |" % (r["check"], r["what"], r["status"].upper(), r["seconds"],
+                                                         r["details"].replace("|", "/").replace("\n", " ")))
+    for r in results:
+        cases = r["data"].get("cases")
+        if not cases:
+            continue
+        lines += ["", "## %s" % r["check"], ""]
+        for c in cases:
+            msg = c["message"].strip().replace("\n", " ")
+            lines.append("- %s %s%s" % (c["status"].upper(), c["name"], (": " + msg[:400]) if msg else ""))
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return passed, failed
+
+
+def run(tree, out):
+    tree = os.path.abspath(tree)
+    manifest_path = os.path.join(tree, "MANIFEST.json")
+    if os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+        if manifest["sources"] != source_digest():
+            sys.exit("gpu-check: the bundle in %s was built from other sources than this tree; "
+                     "rebuild it (tools/dev gpu-bundle)" % tree)
+    gpus, why = cuda_devices()
+    if gpus == 0:
+        print("gpu-check: no CUDA device present (%s); nothing to run" % why)
+        return 0
+    os.makedirs(out, exist_ok=True)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    facts = device_facts()
+    runner = Runner(tree, out, gpus)
+    rc, info, _ = runner.execute("comms-info", [runner.path("tools/comms-info"), "--json"], 60)
+    try:
+        for b in json.loads(info).get("backends", []):
+            if b.get("name") == "nccl":
+                facts["nccl_version"] = b.get("version", "unknown")
+    except ValueError:
+        pass
+    print("gpu-check: %d CUDA device(s): %s" % (gpus, "; ".join(facts["gpus"])), flush=True)
+    runner.run_all()
+    passed, failed = write_report(out, facts, runner.results, started)
+    print("gpu-check: report in %s/report.md; %d passed, %d failed" % (out, passed, failed))
+    return 1 if failed else 0
+
+
+def main():
+    if len(sys.argv) != 4 or sys.argv[1] not in ("run", "bundle"):
+        sys.exit(__doc__)
+    if sys.argv[1] == "bundle":
+        bundle(sys.argv[2], sys.argv[3])
+        return 0
+    return run(sys.argv[2], sys.argv[3])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
