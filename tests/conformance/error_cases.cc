@@ -18,12 +18,14 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+bool on_cuda(const CaseContext& cx) { return cx.memory.device().type == DeviceType::kCuda; }
+
 // The op after a rejected call must work: a small all_reduce, checked.
 void expect_usable(CaseContext& cx, const std::string& after) {
-  Buf b(DataType::kInt32, 3);
-  for (size_t i = 0; i < 3; ++i) b.set(i, cx.comm.rank() + 1 + i);
   try {
-    cx.comm.all_reduce(b.view(), ReduceOp::sum());
+    Buf b(cx.memory, DataType::kInt32, 3);
+    for (size_t i = 0; i < 3; ++i) b.set(i, cx.comm.rank() + 1 + i);
+    cx.comm.all_reduce(b.view(), ReduceOp::sum(), op_options(cx.memory));
     const int n = cx.comm.size();
     cx.check.values(b, 0, 3, {"all_reduce", DataType::kInt32, "sum", 3, -1, "sync", "the op after " + after},
                     [&](size_t i) { return n * (n + 1) / 2.0 + n * double(i); });
@@ -37,8 +39,7 @@ void expect_usable(CaseContext& cx, const std::string& after) {
 void expect_rejected(CaseContext& cx, const std::string& what, std::initializer_list<ErrorCode> codes,
                      const std::function<Work(Comm&, const OpOptions&)>& call) {
   for (bool async : {false, true}) {
-    OpOptions o;
-    o.async = async;
+    const OpOptions o = op_options(cx.memory, async);
     const std::string label = what + (async ? " (async)" : " (sync)");
     try {
       call(cx.comm, o).wait();
@@ -96,7 +97,8 @@ void add_error_cases(const std::string& shape, const Group& group, std::vector<C
   (void)group;
   add("root_out_of_range", [](CaseContext& cx) {
     const int n = cx.comm.size();
-    Buf a(DataType::kFloat32, 4), b(DataType::kFloat32, 4), big(DataType::kFloat32, 4 * n);
+    Buf a(cx.memory, DataType::kFloat32, 4), b(cx.memory, DataType::kFloat32, 4),
+        big(cx.memory, DataType::kFloat32, 4 * n);
     expect_rejected(cx, "reduce with root = size", {kInvalid},
                     [&](Comm& c, const OpOptions& o) { return c.reduce(a.view(), b.view(), n, ReduceOp::sum(), o); });
     expect_rejected(cx, "broadcast with root -1", {kInvalid},
@@ -108,7 +110,8 @@ void add_error_cases(const std::string& shape, const Group& group, std::vector<C
   });
   add("mismatched_counts", [](CaseContext& cx) {
     const int n = cx.comm.size();
-    Buf four(DataType::kInt32, 4), five(DataType::kInt32, 5), gathered(DataType::kInt32, 4 * n + 1);
+    Buf four(cx.memory, DataType::kInt32, 4), five(cx.memory, DataType::kInt32, 5),
+        gathered(cx.memory, DataType::kInt32, 4 * n + 1);
     expect_rejected(cx, "all_reduce with output count != input count", {kInvalid}, [&](Comm& c, const OpOptions& o) {
       return c.all_reduce(four.view(), five.view(), ReduceOp::sum(), o);
     });
@@ -123,8 +126,8 @@ void add_error_cases(const std::string& shape, const Group& group, std::vector<C
                     [&](Comm& c, const OpOptions& o) { return c.all_gather_v(four.view(), gathered.view(), short_counts, o); });
   });
   add("null_buffer_with_count", [](CaseContext& cx) {
-    const BufferView null4{nullptr, 4, DataType::kFloat32, Device::cpu()};
-    Buf out(DataType::kFloat32, 4);
+    const BufferView null4{nullptr, 4, DataType::kFloat32, cx.memory.device()};
+    Buf out(cx.memory, DataType::kFloat32, 4);
     expect_rejected(cx, "all_reduce of a null buffer with 4 elements", {kInvalid},
                     [&](Comm& c, const OpOptions& o) { return c.all_reduce(null4, ReduceOp::sum(), o); });
     expect_rejected(cx, "all_reduce into a null output with 4 elements", {kInvalid},
@@ -133,10 +136,11 @@ void add_error_cases(const std::string& shape, const Group& group, std::vector<C
                     [&](Comm& c, const OpOptions& o) { return c.broadcast(null4, 0, o); });
   });
   add("wrong_device", [](CaseContext& cx) {
+    // Host buffers, whatever the suite's device.
     Buf in(DataType::kFloat32, 4), out(DataType::kFloat32, 4);
     // The library must refuse before touching it: it is host memory labelled cuda.
     BufferView mislabelled = out.view();
-    mislabelled.device = Device::cuda(0);
+    mislabelled.device = cx.memory.device().type == DeviceType::kCuda ? cx.memory.device() : Device::cuda(0);
     expect_rejected(cx, "all_reduce with input on cpu and output on cuda", {kInvalid, kUnsupported},
                     [&](Comm& c, const OpOptions& o) {
                       return c.all_reduce(in.view(), mislabelled, ReduceOp::sum(), o);
@@ -145,26 +149,36 @@ void add_error_cases(const std::string& shape, const Group& group, std::vector<C
       expect_rejected(cx, "all_reduce of a cuda buffer on a comm without a cuda backend", {kInvalid, kUnsupported},
                       [&](Comm& c, const OpOptions& o) { return c.all_reduce(mislabelled, ReduceOp::sum(), o); });
     }
+    if (cx.memory.device().type == DeviceType::kCuda) {
+      Buf on_device(cx.memory, DataType::kFloat32, 4);
+      expect_rejected(cx, "all_reduce with input on cuda and output on cpu", {kInvalid, kUnsupported},
+                      [&](Comm& c, const OpOptions& o) {
+                        return c.all_reduce(on_device.view(), out.view(), ReduceOp::sum(), o);
+                      });
+      if (!cx.comm.backends().has(DeviceType::kCpu)) {
+        expect_rejected(cx, "all_reduce of a cpu buffer on a comm without a cpu backend", {kInvalid, kUnsupported},
+                        [&](Comm& c, const OpOptions& o) { return c.all_reduce(in.view(), ReduceOp::sum(), o); });
+      }
+    }
   });
   add("undefined_dtype_op_pair", [](CaseContext& cx) {
-    Buf f(DataType::kFloat32, 4), b(DataType::kBool, 4);
+    Buf f(cx.memory, DataType::kFloat32, 4), b(cx.memory, DataType::kBool, 4);
     expect_rejected(cx, "all_reduce band on float32", {kInvalid, kUnsupported},
                     [&](Comm& c, const OpOptions& o) { return c.all_reduce(f.view(), ReduceOp::band(), o); });
     expect_rejected(cx, "all_reduce avg on bool", {kInvalid, kUnsupported},
                     [&](Comm& c, const OpOptions& o) { return c.all_reduce(b.view(), ReduceOp::avg(), o); });
     expect_rejected(cx, "reduce_scatter premul_sum on bool", {kInvalid, kUnsupported}, [&](Comm& c, const OpOptions& o) {
-      Buf in(DataType::kBool, 4 * c.size());
+      Buf in(cx.memory, DataType::kBool, 4 * c.size());
       return c.reduce_scatter(in.view(), b.view(), ReduceOp::premul_sum(2.0), o);
     });
   });
 }
 
-void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<Case>* cases) {
-  const int n = world.size();
-  const std::string skip_cuda = options.device.type == DeviceType::kCuda ? "no CUDA device" : "";
+void add_lifecycle_cases(int world_size, const SuiteOptions& options, std::vector<Case>* cases) {
+  const int n = world_size;
   auto add = [&](const std::string& group, const std::string& name, std::string skip,
                  std::function<void(CaseContext&)> body) {
-    cases->push_back({"world/" + group + "/" + name, group, skip_cuda.empty() ? skip : skip_cuda, std::move(body)});
+    cases->push_back({"world/" + group + "/" + name, group, std::move(skip), std::move(body)});
   };
   const std::string needs_two = n < 2 ? "needs 2 or more ranks" : "";
 
@@ -212,12 +226,14 @@ void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<C
     const bool skipper = cx.world.rank() == cx.world.size() - 1;
     int64_t saw_timeout = 0;
     if (!skipper) {
-      Buf b(DataType::kFloat32, 16);
-      OpOptions o;
+      Buf b(cx.memory, DataType::kFloat32, 16);
+      // On CUDA a synchronous op only orders the stream; the failure reaches
+      // the host through blocking_wait() of an async op.
+      OpOptions o = op_options(cx.memory, on_cuda(cx));
       o.timeout = kTimeout;
       const auto t0 = Clock::now();
       try {
-        c->all_reduce(b.view(), ReduceOp::sum(), o);
+        c->all_reduce(b.view(), ReduceOp::sum(), o).blocking_wait();
         cx.check.fail("all_reduce with a rank missing succeeded");
       } catch (const Error& e) {
         const double took = seconds_since(t0);
@@ -233,9 +249,10 @@ void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<C
     // The skipper keeps its comm open until everyone has failed, so that the
     // others see a silent peer rather than a closed connection from it.
     try {
-      std::vector<int64_t> count = {saw_timeout};
-      cx.world.all_reduce(BufferView::of(count), ReduceOp::sum());
-      if (count[0] == 0) cx.check.fail("no rank reported a timeout (all saw peer_failure)");
+      Buf count(cx.memory, DataType::kInt64, 1);
+      count.set(0, double(saw_timeout));
+      cx.world.all_reduce(count.view(), ReduceOp::sum(), op_options(cx.memory, true)).blocking_wait();
+      if (count.get(0) == 0) cx.check.fail("no rank reported a timeout (all saw peer_failure)");
     } catch (const Error& e) {
       cx.check.fail(std::string("world all_reduce after the timeout failed: ") + e.what());
     }
@@ -247,18 +264,18 @@ void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<C
     // Only rank 1 issues the op, so it stays in flight until rank 1 aborts it
     // (no peer's failure can complete it first).
     if (cx.world.rank() == 1) {
-      Buf b(DataType::kFloat32, 16);
-      OpOptions o;
-      o.async = true;
+      OpOptions o = op_options(cx.memory, true);
       o.timeout = 30s;
       try {
+        Buf b(cx.memory, DataType::kFloat32, 16);
         Work w = c->all_reduce(b.view(), ReduceOp::sum(), o);
         std::this_thread::sleep_for(200ms);
         if (w.is_completed()) cx.check.fail("the all_reduce completed without rank 0");
         const auto t0 = Clock::now();
         std::thread aborter([&] { c->abort("conformance: abort while in flight"); });
+        // Blocking: on CUDA, wait() only makes the stream wait for the op.
         try {
-          w.wait();
+          w.blocking_wait();
           cx.check.fail("wait() returned normally after abort");
         } catch (const Error& e) {
           if (e.code() != ErrorCode::kAborted)
@@ -269,7 +286,7 @@ void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<C
         }
         aborter.join();
         try {
-          c->all_reduce(b.view(), ReduceOp::sum());
+          c->all_reduce(b.view(), ReduceOp::sum(), op_options(cx.memory));
           cx.check.fail("an op on the aborted comm succeeded");
         } catch (const Error& e) {
           if (e.code() != ErrorCode::kAborted)
@@ -280,7 +297,7 @@ void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<C
       }
     }
     try {
-      cx.world.barrier();
+      cx.world.barrier(op_options(cx.memory, true)).blocking_wait();
     } catch (const Error& e) {
       cx.check.fail(std::string("world barrier after abort failed: ") + e.what());
     }
@@ -292,9 +309,9 @@ void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<C
       [how_many](CaseContext& cx) {
         auto make_use_destroy = [&](int i) {
           auto c = dedicated(cx.world, "conformance-life-" + std::to_string(i), 60s);
-          Buf b(DataType::kInt64, 1);
+          Buf b(cx.memory, DataType::kInt64, 1);
           b.set(0, 1);
-          c->all_reduce(b.view(), ReduceOp::sum());
+          c->all_reduce(b.view(), ReduceOp::sum(), op_options(cx.memory));
           cx.check.values(b, 0, 1, {"all_reduce", DataType::kInt64, "sum", 1, -1, "sync", "comm #" + std::to_string(i)},
                           [&](size_t) { return c->size(); });
           destroy(cx, c, true);
@@ -324,9 +341,9 @@ void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<C
         return;
       }
       const auto& mine = halves[cx.world.rank() % halves.size()];
-      Buf b(DataType::kInt64, 1);
+      Buf b(cx.memory, DataType::kInt64, 1);
       b.set(0, cx.world.rank() + 1);
-      c->all_reduce(b.view(), ReduceOp::sum());
+      c->all_reduce(b.view(), ReduceOp::sum(), op_options(cx.memory));
       double want = 0;
       for (int r : mine) want += r + 1;
       cx.check.values(b, 0, 1, {"all_reduce", DataType::kInt64, "sum", 1, -1, "sync", "sum over my half"},
@@ -339,24 +356,30 @@ void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<C
 
   add("lifecycle", "concurrent_ops_on_two_comms", "", [](CaseContext& cx) {
     std::shared_ptr<Comm> comms[2];
+    // The second thread gets a stream of its own: on one stream, each
+    // thread's op would wait for the other's, in a different order on each
+    // rank, and deadlock.
+    std::unique_ptr<DeviceMemory> second;
     try {
       comms[0] = dedicated(cx.world, "conformance-concurrent-a", 60s);
       comms[1] = dedicated(cx.world, "conformance-concurrent-b", 60s);
+      second = cx.memory.with_own_stream();
     } catch (const Error& e) {
-      cx.check.fail(std::string("split failed: ") + e.what());
+      cx.check.fail(std::string("split or stream creation failed: ") + e.what());
       return;  // every rank gets the same split error
     }
-    std::string errors[2];
+    DeviceMemory* memories[2] = {&cx.memory, second.get()};
     Checker checkers[2] = {Checker(cx.check.world_rank(), cx.world.rank()),
                            Checker(cx.check.world_rank(), cx.world.rank())};
     auto loop = [&](int k) {
       Comm& c = *comms[k];
       const int n = c.size();
       for (int iter = 0; iter < 30; ++iter) {
-        Buf b(DataType::kInt32, 1024);
-        for (size_t i = 0; i < 1024; ++i) b.set(i, (k + 1) * (c.rank() + 1) + int(i) + iter);
+        Buf b;
         try {
-          c.all_reduce(b.view(), ReduceOp::sum());
+          b = Buf(*memories[k], DataType::kInt32, 1024);
+          for (size_t i = 0; i < 1024; ++i) b.set(i, (k + 1) * (c.rank() + 1) + int(i) + iter);
+          c.all_reduce(b.view(), ReduceOp::sum(), op_options(*memories[k]));
         } catch (const Error& e) {
           checkers[k].fail(std::string("comm ") + c.name() + ": " + e.what());
           return;

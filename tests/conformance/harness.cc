@@ -8,12 +8,51 @@
 
 namespace comms::conformance {
 
-double Buf::get(size_t i) const { return numeric::load_as_double(bytes_.data(), dtype_, i); }
+Buf::Buf(DataType t, size_t n) : dtype_(t), count_(n), bytes_(n * element_size(t) + 1) {}
+
+Buf::Buf(DeviceMemory& memory, DataType t, size_t n) : Buf(t, n) {
+  if (memory.device().type == DeviceType::kCpu) return;
+  memory_ = &memory;
+  device_ = {memory.allocate(bytes_.size()), Release{&memory}};
+  host_changed_ = true;  // the device starts from the host bytes (zeros), not garbage
+}
+
+BufferView Buf::view(size_t offset, size_t n) {
+  const size_t at = offset * element_size(dtype_);
+  if (!staged()) return {bytes_.data() + at, n, dtype_, Device::cpu()};
+  if (host_changed_) {
+    memory_->upload(device_.get(), bytes_.data(), bytes_.size());
+    host_changed_ = false;
+  }
+  // Whoever holds the view may write through it.
+  device_changed_ = true;
+  return {static_cast<uint8_t*>(device_.get()) + at, n, dtype_, memory_->device()};
+}
+
+void Buf::read_back() const {
+  if (!staged() || !device_changed_) return;
+  memory_->download(bytes_.data(), device_.get(), bytes_.size());
+  device_changed_ = false;
+}
+
+const uint8_t* Buf::host_bytes() const {
+  read_back();
+  return bytes_.data();
+}
+
+uint8_t* Buf::mutable_host_bytes() {
+  read_back();
+  if (staged()) host_changed_ = true;
+  return bytes_.data();
+}
+
+double Buf::get(size_t i) const { return numeric::load_as_double(host_bytes(), dtype_, i); }
 
 void Buf::set(size_t i, double v) {
+  // The other elements keep what the device holds.
+  uint8_t* p = mutable_host_bytes();
   // store_from_double converts through the integer type directly; values
   // outside its range would be undefined, so integers go through int64.
-  uint8_t* p = bytes_.data();
   switch (dtype_) {
     case DataType::kInt8: reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(static_cast<int64_t>(v)); break;
     case DataType::kUint8: p[i] = static_cast<uint8_t>(static_cast<int64_t>(v)); break;
@@ -146,6 +185,13 @@ double tolerance(DataType t) {
   }
 }
 
+OpOptions op_options(const DeviceMemory& memory, bool async) {
+  OpOptions o;
+  o.async = async;
+  o.stream = memory.stream();
+  return o;
+}
+
 std::string Where::describe() const {
   std::ostringstream s;
   s << "op " << op << " dtype " << to_string(dtype);
@@ -160,6 +206,12 @@ std::string Where::describe() const {
 void Checker::values(const Buf& got, size_t offset, size_t n, const Where& where,
                      const std::function<double(size_t)>& expect) {
   if (failed()) return;  // the first failure is the useful one
+  try {
+    got.host_bytes();
+  } catch (const Error& e) {
+    fail(where.describe() + ": reading the result back failed: " + e.what());
+    return;
+  }
   const double tol = tolerance(got.dtype());
   Buf rounded(got.dtype(), 1);
   for (size_t i = 0; i < n; ++i) {
@@ -190,16 +242,16 @@ int Group::min_size() const {
   return group_sizes.empty() ? 0 : *std::min_element(group_sizes.begin(), group_sizes.end());
 }
 
-void Capabilities::probe(Comm& world) {
+void Capabilities::probe(Comm& world, DeviceMemory& memory) {
   // Every rank makes the same calls, so the table is the same everywhere. A
   // backend rejects an unsupported pair with kUnsupported before sending.
   for (DataType t : all_data_types()) {
     for (const ReduceOp& op : reductions_for(t)) {
-      Buf b(t, 1);
+      Buf b(memory, t, 1);
       b.set(0, 1);
       bool ok = true;
       try {
-        world.all_reduce(b.view(), op);
+        world.all_reduce(b.view(), op, op_options(memory));
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kUnsupported) throw;
         ok = false;

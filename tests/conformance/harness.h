@@ -1,6 +1,7 @@
 // The pieces of comms-conformance that every case uses: typed buffers,
 // closed-form values and expectations, the per-case checker, and the case
-// registry. Cases live in cases.cc, the driver in main.cc.
+// registry. Cases live in op_cases.cc and error_cases.cc, the driver in
+// main.cc.
 #pragma once
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "comms/comms.h"
+#include "device_memory.h"
 
 namespace comms::conformance {
 
@@ -24,27 +26,50 @@ struct SuiteOptions {
   std::string json_path;
   std::chrono::milliseconds op_timeout{60000};
   std::chrono::milliseconds case_timeout{120000};
+  bool stand_in_device = false;  // --device cuda on host memory (the suite's own test)
 };
 
-// A typed byte buffer on the host. One spare byte keeps data() non-null even
-// for zero elements, so a zero-count view is never mistaken for a null one.
+// A typed buffer on the suite's memory, staged on the host. On cpu the host
+// bytes are the buffer. On cuda they are a staging copy: view() uploads them
+// first if set() changed them, and get() reads the device back first if a
+// view was handed out since (both on the memory's stream, so after the ops
+// issued there). One spare byte keeps data() non-null even for zero
+// elements, so a zero-count view is never mistaken for a null one.
 class Buf {
  public:
   Buf() = default;
-  Buf(DataType t, size_t n) : dtype_(t), count_(n), bytes_(n * element_size(t) + 1) {}
+  // On the host (labelled cpu), whatever the suite's device.
+  Buf(DataType t, size_t n);
+  Buf(DeviceMemory& memory, DataType t, size_t n);
+  Buf(Buf&&) noexcept = default;
+  Buf& operator=(Buf&&) noexcept = default;
   DataType dtype() const { return dtype_; }
   size_t count() const { return count_; }
   BufferView view() { return view(0, count_); }
-  BufferView view(size_t offset, size_t n) {
-    return {bytes_.data() + offset * element_size(dtype_), n, dtype_, Device::cpu()};
-  }
+  BufferView view(size_t offset, size_t n);
+  // These throw comms::Error when a copy to or from the device fails.
   double get(size_t i) const;
   void set(size_t i, double v);
+  // The host bytes, read back from the device first where needed. The
+  // mutable form marks them for upload at the next view().
+  const uint8_t* host_bytes() const;
+  uint8_t* mutable_host_bytes();
 
  private:
+  struct Release {
+    DeviceMemory* memory;
+    void operator()(void* p) const noexcept { memory->release(p); }
+  };
+  bool staged() const { return device_ != nullptr; }
+  void read_back() const;
+
   DataType dtype_ = DataType::kFloat32;
   size_t count_ = 0;
-  std::vector<uint8_t> bytes_;
+  mutable std::vector<uint8_t> bytes_;
+  DeviceMemory* memory_ = nullptr;  // null or cpu: bytes_ is the buffer
+  std::unique_ptr<void, Release> device_{nullptr, Release{nullptr}};
+  bool host_changed_ = false;           // set() since the last upload
+  mutable bool device_changed_ = false;  // a view handed out since the last read-back
 };
 
 // The values rank r puts at index i for reduction `kind`, chosen so that every
@@ -114,7 +139,12 @@ struct CaseContext {
   Checker& check;
   const SuiteOptions& options;
   Comm& world;
+  DeviceMemory& memory;  // where the case's buffers live; its stream runs the ops
 };
+
+// Options of one op of the suite: on the memory's stream (CUDA ops are
+// ordered on it; the suite reads results back on the same stream).
+OpOptions op_options(const DeviceMemory& memory, bool async = false);
 
 struct Case {
   std::string name;  // "<shape>/<op>/<dtype>/<redop>/<placement>"
@@ -127,7 +157,7 @@ struct Case {
 // Whether the backend reduces (dtype, kind); probed once over the world.
 class Capabilities {
  public:
-  void probe(Comm& world);
+  void probe(Comm& world, DeviceMemory& memory);
   bool supports(DataType t, ReduceKind k) const { return supported_[int(t)][int(k)]; }
   std::string unsupported_reason(DataType t, const ReduceOp& op) const;
 
@@ -140,6 +170,6 @@ void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptio
                   std::vector<Case>* cases);
 // Error-path and lifecycle cases; they run on the world comm.
 void add_error_cases(const std::string& shape, const Group& group, std::vector<Case>* cases);
-void add_lifecycle_cases(Comm& world, const SuiteOptions& options, std::vector<Case>* cases);
+void add_lifecycle_cases(int world_size, const SuiteOptions& options, std::vector<Case>* cases);
 
 }  // namespace comms::conformance

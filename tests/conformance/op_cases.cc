@@ -38,8 +38,7 @@ void run_one(CaseContext& cx, const MakeTrial& make, Where w, size_t count, int 
   w.count = count;
   w.root = root;
   w.mode = async ? "async" : "sync";
-  OpOptions o;
-  o.async = async;
+  const OpOptions o = op_options(cx.memory, async);
   auto t = make(count, root, salt);
   try {
     t->issue(cx.comm, o).wait();
@@ -64,8 +63,9 @@ void run_plan(CaseContext& cx, const Where& base, const Plan& plan, const MakeTr
   Where w = base;
   w.count = odd;
   w.root = root;
-  OpOptions async;
-  async.async = true;
+  // Several ops in flight on one stream: wait() orders the stream after each,
+  // and each check reads its buffers back on that stream.
+  const OpOptions async = op_options(cx.memory, true);
   std::vector<std::unique_ptr<Trial>> trials;
   std::vector<Work> works;
   for (int k = 0; k < kInFlight; ++k) {
@@ -97,14 +97,16 @@ Where at(std::string op, DataType t, std::string redop) {
   return w;
 }
 
-BufferView empty_view(DataType t) { return {nullptr, 0, t, Device::cpu()}; }
+// A null view on the suite's device (what a non-root passes for the root's buffer).
+BufferView empty_view(DataType t, Device d) { return {nullptr, 0, t, d}; }
 
 // --- reductions -------------------------------------------------------------
 
 class AllReduceTrial : public Trial {
  public:
-  AllReduceTrial(DataType t, ReduceOp op, bool in_place, int rank, int size, size_t count, size_t salt)
-      : op_(op), in_place_(in_place), size_(size), salt_(salt), rank_(rank), in_(t, count), out_(t, count) {
+  AllReduceTrial(DeviceMemory& m, DataType t, ReduceOp op, bool in_place, int rank, int size, size_t count,
+                 size_t salt)
+      : op_(op), in_place_(in_place), size_(size), salt_(salt), rank_(rank), in_(m, t, count), out_(m, t, count) {
     for (size_t i = 0; i < count; ++i) in_.set(i, reduce_input(t, op.kind, rank, i + salt));
   }
   Work issue(Comm& c, const OpOptions& o) override {
@@ -132,9 +134,10 @@ class AllReduceTrial : public Trial {
 
 class ReduceTrial : public Trial {
  public:
-  ReduceTrial(DataType t, ReduceOp op, bool in_place, int rank, int size, size_t count, int root, size_t salt)
-      : op_(op), in_place_(in_place), rank_(rank), size_(size), root_(root), salt_(salt), in_(t, count),
-        out_(t, count) {
+  ReduceTrial(DeviceMemory& m, DataType t, ReduceOp op, bool in_place, int rank, int size, size_t count, int root,
+              size_t salt)
+      : op_(op), in_place_(in_place), rank_(rank), size_(size), root_(root), salt_(salt), in_(m, t, count),
+        out_(m, t, count) {
     for (size_t i = 0; i < count; ++i) in_.set(i, reduce_input(t, op.kind, rank, i + salt));
   }
   Work issue(Comm& c, const OpOptions& o) override {
@@ -169,13 +172,13 @@ size_t offset_of(const std::vector<size_t>& counts, int rank) {
 // reduce_scatter (counts empty) and reduce_scatter_v.
 class ReduceScatterTrial : public Trial {
  public:
-  ReduceScatterTrial(DataType t, ReduceOp op, bool in_place, bool v, int rank, int size, size_t count,
-                     size_t salt)
+  ReduceScatterTrial(DeviceMemory& m, DataType t, ReduceOp op, bool in_place, bool v, int rank, int size,
+                     size_t count, size_t salt)
       : op_(op), in_place_(in_place), v_(v), rank_(rank), size_(size), salt_(salt) {
     counts_ = v ? uneven_counts(size, count) : std::vector<size_t>(size, count);
     const size_t total = std::accumulate(counts_.begin(), counts_.end(), size_t(0));
-    in_ = Buf(t, total);
-    out_ = Buf(t, counts_[rank]);
+    in_ = Buf(m, t, total);
+    out_ = Buf(m, t, counts_[rank]);
     for (size_t j = 0; j < total; ++j) in_.set(j, reduce_input(t, op.kind, rank, j + salt));
   }
   Work issue(Comm& c, const OpOptions& o) override {
@@ -202,8 +205,8 @@ class ReduceScatterTrial : public Trial {
 
 class BroadcastTrial : public Trial {
  public:
-  BroadcastTrial(DataType t, int rank, size_t count, int root, size_t salt)
-      : root_(root), salt_(salt), buf_(t, count) {
+  BroadcastTrial(DeviceMemory& m, DataType t, int rank, size_t count, int root, size_t salt)
+      : root_(root), salt_(salt), buf_(m, t, count) {
     for (size_t i = 0; i < count; ++i) buf_.set(i, data_value(t, rank, i + salt));
   }
   Work issue(Comm& c, const OpOptions& o) override { return c.broadcast(buf_.view(), root_, o); }
@@ -222,20 +225,21 @@ class BroadcastTrial : public Trial {
 class AllGatherTrial : public Trial {
  public:
   enum class Form { kContiguous, kList, kV };
-  AllGatherTrial(DataType t, Form form, bool in_place, int rank, int size, size_t count, size_t salt)
-      : form_(form), in_place_(in_place), rank_(rank), salt_(salt), in_(t, 0) {
+  AllGatherTrial(DeviceMemory& m, DataType t, Form form, bool in_place, int rank, int size, size_t count,
+                 size_t salt)
+      : form_(form), in_place_(in_place), rank_(rank), salt_(salt) {
     counts_ = form == Form::kV ? uneven_counts(size, count) : std::vector<size_t>(size, count);
     const size_t mine = counts_[rank];
-    in_ = Buf(t, mine);
+    in_ = Buf(m, t, mine);
     for (size_t i = 0; i < mine; ++i) in_.set(i, data_value(t, rank, i + salt));
     if (form == Form::kList) {
-      for (int r = 0; r < size; ++r) parts_.emplace_back(t, count);
+      for (int r = 0; r < size; ++r) parts_.emplace_back(m, t, count);
       if (in_place) {
         for (size_t i = 0; i < mine; ++i) parts_[rank].set(i, data_value(t, rank, i + salt));
       }
       for (auto& p : parts_) views_.push_back(p.view());
     } else {
-      out_ = Buf(t, std::accumulate(counts_.begin(), counts_.end(), size_t(0)));
+      out_ = Buf(m, t, std::accumulate(counts_.begin(), counts_.end(), size_t(0)));
       if (in_place) {
         const size_t base = offset_of(counts_, rank);
         for (size_t i = 0; i < mine; ++i) out_.set(base + i, data_value(t, rank, i + salt));
@@ -280,14 +284,14 @@ class AllGatherTrial : public Trial {
 // that the in-place form has the same layout for input and output).
 class AllToAllTrial : public Trial {
  public:
-  AllToAllTrial(DataType t, bool v, bool in_place, int rank, int size, size_t count, size_t salt)
+  AllToAllTrial(DeviceMemory& m, DataType t, bool v, bool in_place, int rank, int size, size_t count, size_t salt)
       : v_(v), in_place_(in_place), rank_(rank), size_(size), count_(count), salt_(salt) {
     for (int d = 0; d < size; ++d) {
       send_counts_.push_back(block(rank, d));
       recv_counts_.push_back(block(d, rank));
     }
-    in_ = Buf(t, std::accumulate(send_counts_.begin(), send_counts_.end(), size_t(0)));
-    out_ = Buf(t, std::accumulate(recv_counts_.begin(), recv_counts_.end(), size_t(0)));
+    in_ = Buf(m, t, std::accumulate(send_counts_.begin(), send_counts_.end(), size_t(0)));
+    out_ = Buf(m, t, std::accumulate(recv_counts_.begin(), recv_counts_.end(), size_t(0)));
     for (int d = 0; d < size; ++d) {
       const size_t base = offset_of(send_counts_, d);
       for (size_t i = 0; i < send_counts_[d]; ++i) in_.set(base + i, data_value(t, rank, tag(d, i)));
@@ -323,9 +327,9 @@ class AllToAllTrial : public Trial {
 
 class GatherTrial : public Trial {
  public:
-  GatherTrial(DataType t, bool in_place, int rank, int size, size_t count, int root, size_t salt)
-      : in_place_(in_place), rank_(rank), size_(size), root_(root), salt_(salt), in_(t, count),
-        out_(t, rank == root ? count * size : 0) {
+  GatherTrial(DeviceMemory& m, DataType t, bool in_place, int rank, int size, size_t count, int root, size_t salt)
+      : in_place_(in_place), rank_(rank), size_(size), root_(root), salt_(salt), in_(m, t, count),
+        out_(m, t, rank == root ? count * size : 0) {
     for (size_t i = 0; i < count; ++i) in_.set(i, data_value(t, rank, i + salt));
     if (rank == root && in_place) {
       for (size_t i = 0; i < count; ++i) out_.set(root * count + i, data_value(t, rank, i + salt));
@@ -333,7 +337,10 @@ class GatherTrial : public Trial {
   }
   Work issue(Comm& c, const OpOptions& o) override {
     const size_t n = in_.count();
-    if (rank_ != root_) return c.gather(in_.view(), empty_view(in_.dtype()), root_, o);
+    if (rank_ != root_) {
+      const BufferView in = in_.view();
+      return c.gather(in, empty_view(in_.dtype(), in.device), root_, o);
+    }
     return c.gather(in_place_ ? out_.view(root_ * n, n) : in_.view(), out_.view(), root_, o);
   }
   void check(Checker& ck, Where w) override {
@@ -354,14 +361,17 @@ class GatherTrial : public Trial {
 
 class ScatterTrial : public Trial {
  public:
-  ScatterTrial(DataType t, bool in_place, int rank, int size, size_t count, int root, size_t salt)
-      : in_place_(in_place), rank_(rank), root_(root), salt_(salt), in_(t, rank == root ? count * size : 0),
-        out_(t, count) {
+  ScatterTrial(DeviceMemory& m, DataType t, bool in_place, int rank, int size, size_t count, int root, size_t salt)
+      : in_place_(in_place), rank_(rank), root_(root), salt_(salt), in_(m, t, rank == root ? count * size : 0),
+        out_(m, t, count) {
     for (size_t j = 0; j < in_.count(); ++j) in_.set(j, data_value(t, root, j + salt));
   }
   Work issue(Comm& c, const OpOptions& o) override {
     const size_t n = out_.count();
-    if (rank_ != root_) return c.scatter(empty_view(out_.dtype()), out_.view(), root_, o);
+    if (rank_ != root_) {
+      const BufferView out = out_.view();
+      return c.scatter(empty_view(out_.dtype(), out.device), out, root_, o);
+    }
     return c.scatter(in_.view(), in_place_ ? in_.view(root_ * n, n) : out_.view(), root_, o);
   }
   void check(Checker& ck, Where w) override {
@@ -388,22 +398,25 @@ class BarrierTrial : public Trial {
 // A ring: every rank sends to its right and receives from its left, together.
 class BatchP2PTrial : public Trial {
  public:
-  BatchP2PTrial(DataType t, int rank, int size, size_t count, size_t salt)
-      : left_((rank + size - 1) % size), salt_(salt), send_(t, count), recv_(t, count) {
+  BatchP2PTrial(DeviceMemory& m, DataType t, int rank, int size, size_t count, size_t salt)
+      : left_((rank + size - 1) % size), right_((rank + 1) % size), salt_(salt), send_(m, t, count),
+        recv_(m, t, count) {
     for (size_t i = 0; i < count; ++i) send_.set(i, data_value(t, rank, i + salt));
-    ops_ = {P2POp::send(send_.view(), (rank + 1) % size), P2POp::recv(recv_.view(), left_)};
   }
-  Work issue(Comm& c, const OpOptions& o) override { return c.batch_p2p(ops_, o); }
+  Work issue(Comm& c, const OpOptions& o) override {
+    // The views are taken at issue, when the buffers go to the device.
+    const std::vector<P2POp> ops = {P2POp::send(send_.view(), right_), P2POp::recv(recv_.view(), left_)};
+    return c.batch_p2p(ops, o);
+  }
   void check(Checker& ck, Where w) override {
     w.what = "received from group rank " + std::to_string(left_);
     ck.values(recv_, 0, recv_.count(), w, [&](size_t i) { return data_value(recv_.dtype(), left_, i + salt_); });
   }
 
  private:
-  int left_;
+  int left_, right_;
   size_t salt_;
   Buf send_, recv_;
-  std::vector<P2POp> ops_;
 };
 
 // Pairs (0,1), (2,3), ...: the even rank sends first, the odd one receives
@@ -417,10 +430,9 @@ void run_send_recv(CaseContext& cx, DataType t, const std::vector<size_t>& count
       Where w = at("send/recv", t, "");
       w.count = count;
       w.mode = async ? "async" : "sync";
-      Buf out(t, count), in(t, count);
+      Buf out(cx.memory, t, count), in(cx.memory, t, count);
       for (size_t i = 0; i < count; ++i) out.set(i, data_value(t, rank, i));
-      OpOptions o;
-      o.async = async;
+      OpOptions o = op_options(cx.memory, async);
       o.tag = 7;
       try {
         if (rank % 2 == 0) {
@@ -447,14 +459,13 @@ struct Adder {
   const Group& group;
   const SuiteOptions& options;
   std::vector<Case>* cases;
-  std::string skip_all;  // e.g. "no CUDA device"
 
   void add(const std::string& op, const std::string& rest, std::string skip,
            std::function<void(CaseContext&)> body) {
     Case c;
     c.name = group.shape + "/" + op + "/" + rest;
     c.group = op;
-    c.skip_reason = !skip_all.empty() ? skip_all : std::move(skip);
+    c.skip_reason = std::move(skip);
     c.body = std::move(body);
     cases->push_back(std::move(c));
   }
@@ -464,8 +475,7 @@ struct Adder {
 
 void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptions& options,
                   std::vector<Case>* cases) {
-  Adder adder{group, options, cases, ""};
-  if (options.device.type == DeviceType::kCuda) adder.skip_all = "no CUDA device";
+  Adder adder{group, options, cases};
   const bool world = group.shape == "world";
   const bool quick = options.quick;
   // The world gets the full sweep (zero and large counts, every root, every
@@ -504,13 +514,13 @@ void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptio
         adder.add("all_reduce", rest, skip, [=](CaseContext& cx) {
           Plan plan = plan_for(cx.comm, false);
           run_plan(cx, at("all_reduce", t, rn), plan, [&](size_t n, int, size_t salt) {
-            return std::make_unique<AllReduceTrial>(t, op, in_place, cx.comm.rank(), cx.comm.size(), n, salt);
+            return std::make_unique<AllReduceTrial>(cx.memory, t, op, in_place, cx.comm.rank(), cx.comm.size(), n, salt);
           });
         });
         adder.add("reduce", rest, skip, [=](CaseContext& cx) {
           Plan plan = plan_for(cx.comm, true);
           run_plan(cx, at("reduce", t, rn), plan, [&](size_t n, int root, size_t salt) {
-            return std::make_unique<ReduceTrial>(t, op, in_place, cx.comm.rank(), cx.comm.size(), n, root, salt);
+            return std::make_unique<ReduceTrial>(cx.memory, t, op, in_place, cx.comm.rank(), cx.comm.size(), n, root, salt);
           });
         });
         for (bool v : {false, true}) {
@@ -518,7 +528,7 @@ void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptio
           adder.add(name, rest, skip, [=](CaseContext& cx) {
             Plan plan = plan_for(cx.comm, false);
             run_plan(cx, at(name, t, rn), plan, [&](size_t n, int, size_t salt) {
-              return std::make_unique<ReduceScatterTrial>(t, op, in_place, v, cx.comm.rank(), cx.comm.size(), n,
+              return std::make_unique<ReduceScatterTrial>(cx.memory, t, op, in_place, v, cx.comm.rank(), cx.comm.size(), n,
                                                           salt);
             });
           });
@@ -529,7 +539,7 @@ void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptio
     adder.add("broadcast", dt + "/in-place", "", [=](CaseContext& cx) {
       Plan plan = plan_for(cx.comm, true);
       run_plan(cx, at("broadcast", t, ""), plan, [&](size_t n, int root, size_t salt) {
-        return std::make_unique<BroadcastTrial>(t, cx.comm.rank(), n, root, salt);
+        return std::make_unique<BroadcastTrial>(cx.memory, t, cx.comm.rank(), n, root, salt);
       });
     });
     for (bool in_place : {false, true}) {
@@ -540,7 +550,7 @@ void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptio
         adder.add(name, rest, "", [=](CaseContext& cx) {
           Plan plan = plan_for(cx.comm, false);
           run_plan(cx, at(name, t, ""), plan, [&](size_t n, int, size_t salt) {
-            return std::make_unique<AllGatherTrial>(t, form, in_place, cx.comm.rank(), cx.comm.size(), n, salt);
+            return std::make_unique<AllGatherTrial>(cx.memory, t, form, in_place, cx.comm.rank(), cx.comm.size(), n, salt);
           });
         });
       }
@@ -549,20 +559,20 @@ void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptio
         adder.add(name, rest, "", [=](CaseContext& cx) {
           Plan plan = plan_for(cx.comm, false);
           run_plan(cx, at(name, t, ""), plan, [&](size_t n, int, size_t salt) {
-            return std::make_unique<AllToAllTrial>(t, v, in_place, cx.comm.rank(), cx.comm.size(), n, salt);
+            return std::make_unique<AllToAllTrial>(cx.memory, t, v, in_place, cx.comm.rank(), cx.comm.size(), n, salt);
           });
         });
       }
       adder.add("gather", rest, "", [=](CaseContext& cx) {
         Plan plan = plan_for(cx.comm, true);
         run_plan(cx, at("gather", t, ""), plan, [&](size_t n, int root, size_t salt) {
-          return std::make_unique<GatherTrial>(t, in_place, cx.comm.rank(), cx.comm.size(), n, root, salt);
+          return std::make_unique<GatherTrial>(cx.memory, t, in_place, cx.comm.rank(), cx.comm.size(), n, root, salt);
         });
       });
       adder.add("scatter", rest, "", [=](CaseContext& cx) {
         Plan plan = plan_for(cx.comm, true);
         run_plan(cx, at("scatter", t, ""), plan, [&](size_t n, int root, size_t salt) {
-          return std::make_unique<ScatterTrial>(t, in_place, cx.comm.rank(), cx.comm.size(), n, root, salt);
+          return std::make_unique<ScatterTrial>(cx.memory, t, in_place, cx.comm.rank(), cx.comm.size(), n, root, salt);
         });
       });
     }
@@ -581,7 +591,7 @@ void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptio
       if (cx.comm.size() < 2) return;
       Plan plan = plan_for(cx.comm, false);
       run_plan(cx, at("batch_p2p", t, ""), plan, [&](size_t n, int, size_t salt) {
-        return std::make_unique<BatchP2PTrial>(t, cx.comm.rank(), cx.comm.size(), n, salt);
+        return std::make_unique<BatchP2PTrial>(cx.memory, t, cx.comm.rank(), cx.comm.size(), n, salt);
       });
     });
   }

@@ -5,7 +5,11 @@
 // With one rank every collective is a copy, except the reductions that change
 // a lone value: avg divides by 1 and premul_sum multiplies by its factor.
 // Built with -DSELF_PLUGIN_BROKEN it ignores premul_sum's factor, so that the
-// suite's own test can show the suite catching a wrong reduction.
+// suite's own test can show the suite catching a wrong reduction. Built with
+// -DSELF_PLUGIN_CUDA it is "selfcuda": it claims one cuda device and moves
+// the buffers as host memory, and refuses an op without the caller's stream,
+// so that the suite's cuda paths run without a GPU (comms-conformance
+// --stand-in-device keeps its "device" buffers on the host).
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -77,6 +81,12 @@ class SelfBackend : public comms::plugin::Backend {
   Status init() override { return {}; }
 
   Status submit(const OpDesc& op, std::unique_ptr<comms::plugin::Work>* work) override {
+#ifdef SELF_PLUGIN_CUDA
+    // libcomms' own flush barrier after an eager bind has no caller stream.
+    if (op.stream == nullptr && op.type != OpType::kBarrier) {
+      return {ErrorCode::kInvalidArgument, "selfcuda: a cuda op without the caller's stream"};
+    }
+#endif
     Status s = aborted_.load() ? Status(ErrorCode::kAborted, abort_reason()) : execute(op);
     if (op.async) *work = std::make_unique<DoneWork>(s);
     return op.async ? Status() : s;
@@ -178,11 +188,21 @@ Status create(const comms::plugin::BackendInit& init, std::unique_ptr<comms::plu
 
 const char* const kHintKeys[] = {nullptr};
 
+#ifdef SELF_PLUGIN_CUDA
+int one_cuda_device(comms::DeviceType t) { return t == comms::DeviceType::kCuda ? 1 : 0; }
+#endif
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const comms::plugin::PluginDescriptor* comms_plugin_entry() {
+#ifdef SELF_PLUGIN_CUDA
+  static const comms::plugin::PluginDescriptor descriptor = {
+      COMMS_PLUGIN_ABI_VERSION, "selfcuda", "1.0", comms::plugin::device_bit(comms::DeviceType::kCuda), kHintKeys,
+      one_cuda_device, create, /*explain_hints=*/nullptr};
+#else
   static const comms::plugin::PluginDescriptor descriptor = {
       COMMS_PLUGIN_ABI_VERSION, "self", "1.0", comms::plugin::device_bit(comms::DeviceType::kCpu), kHintKeys,
       /*device_count=*/nullptr, create, /*explain_hints=*/nullptr};
+#endif
   return &descriptor;
 }
