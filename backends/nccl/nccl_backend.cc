@@ -477,9 +477,7 @@ class Core {
     if (!failure_.is_ok()) {
       return {ErrorCode::kAborted, "the NCCL communicator failed earlier: " + failure_.message};
     }
-    NcclConfigFields fields = child_fields;
-    fields.blocking = 0;
-    if (!fields.comm_name) fields.comm_name = child_name;
+    const NcclConfigFields fields = plugin_config_fields(child_fields, child_name);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     apply_to_config(fields, &config);
     DeviceGuard guard(*api_, device_);
@@ -510,10 +508,7 @@ class Core {
   // --- describe ---------------------------------------------------------
 
   NcclConfigFields effective_fields() const {
-    NcclConfigFields f = hints_.config;
-    f.blocking = 0;
-    if (!f.comm_name) f.comm_name = init_.comm_name;
-    return f;
+    return plugin_config_fields(hints_.config, init_.comm_name);
   }
 
   std::string describe_locked() const {

@@ -228,6 +228,12 @@ Status translate_hints(const Hints& hints, int version, TranslatedHints* out) {
   return {};
 }
 
+NcclConfigFields plugin_config_fields(NcclConfigFields hinted, const std::string& comm_name) {
+  hinted.blocking = 0;
+  if (!hinted.comm_name) hinted.comm_name = comm_name;
+  return hinted;
+}
+
 Hints merge_split_hints(const Hints& parent, const Hints& call) {
   Hints merged;
   for (const auto& [k, v] : parent) {

@@ -91,6 +91,12 @@ struct TranslatedHints {
 // dropped.
 Status translate_hints(const Hints& hints, int nccl_version_code, TranslatedHints* out);
 
+// The fields the plugin hands NCCL for a comm named `comm_name`: the hints'
+// fields, always non-blocking (blocking=0, see README), and commName defaulting
+// to the comm's name. comms-bench's raw-NCCL baseline uses it too, so both
+// communicators get one config.
+NcclConfigFields plugin_config_fields(NcclConfigFields hinted, const std::string& comm_name);
+
 // The child's hints for a split: the parent's, overridden by the call's.
 // comm_name is not inherited: it names one communicator in NCCL's logs.
 Hints merge_split_hints(const Hints& parent, const Hints& call);

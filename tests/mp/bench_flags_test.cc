@@ -2,6 +2,7 @@
 // silently running something else or dying of std::bad_alloc.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <regex>
 
 #include "subprocess.h"
@@ -16,11 +17,19 @@ struct Refused {
   std::string why;
 };
 
-comms::testing::Process bench(int ranks, const std::vector<std::string>& args) {
+comms::testing::Process bench(int ranks, const std::vector<std::string>& args,
+                              std::map<std::string, std::string> env = {{"COMMS_BACKEND", "cpu:gloo"}}) {
   std::vector<std::string> argv = {COMMSRUN, "-n", std::to_string(ranks), "--timeout", "60", "--", COMMS_BENCH,
                                    "-n", "1", "-w", "0"};
   argv.insert(argv.end(), args.begin(), args.end());
-  return run(argv, {{"COMMS_BACKEND", "cpu:gloo"}}, 90s);
+  return run(argv, env, 90s);
+}
+
+// Refused: exit 1 (no signal), `why` said, and nothing ran.
+void expect_refused(const comms::testing::Process& p, const std::string& why) {
+  EXPECT_EQ(p.exit_code(), 1) << why << "\n" << p.output;
+  EXPECT_NE(p.output.find(why), std::string::npos) << "wanted: " << why << "\n" << p.output;
+  EXPECT_EQ(p.output.find("# comms-bench"), std::string::npos) << "it ran: " << p.output;
 }
 
 TEST(BenchFlags, RangesThatCannotRunAreRefusedNamingTheFlag) {
@@ -61,6 +70,47 @@ TEST(BenchFlags, StepsBetweenTheFlagsAreWholeElementsPerRankAndGrowFromThem) {
   }
   EXPECT_EQ(sizes, (std::vector<long>{16, 24, 32, 48, 72, 104})) << p.output;
   EXPECT_NE(p.output.find("# no wrong results"), std::string::npos) << p.output;
+}
+
+TEST(BenchFlags, RawNcclWithoutDeviceCudaIsRefused) {
+  expect_refused(bench(1, {"--raw-nccl"}), "comms-bench: --raw-nccl times NCCL on CUDA buffers; give --device cuda as well");
+}
+
+TEST(BenchFlags, GlooBaselinesOnCudaBuffersAreRefusedPointingAtRawNccl) {
+  for (const char* flag : {"--raw-gloo", "--gloo-native"}) {
+    expect_refused(bench(1, {"--device", "cuda", flag}),
+                   std::string("comms-bench: ") + flag +
+                       " times Gloo on CPU buffers; with --device cuda, --raw-nccl (or --overhead) is the baseline");
+  }
+}
+
+// CUDA_VISIBLE_DEVICES=-1 hides every device, so this holds on a GPU machine
+// too. Without CUDA in the build the reason is the build.
+TEST(BenchFlags, DeviceCudaWithoutADeviceFailsWithOneErrorNamingTheReason) {
+  const std::string why = COMMS_BENCH_CUDA ? "comms-bench: --device cuda: no usable CUDA device for local rank 0: "
+                                           : "comms-bench: --device cuda: this comms-bench was built without CUDA";
+  const std::vector<std::vector<std::string>> runs = {
+      {"--device", "cuda"}, {"--device", "cuda", "--overhead", "-c", "1"}, {"--device", "cuda", "--raw-nccl", "-o", "all_gather"}};
+  for (const auto& args : runs) {
+    const auto p = bench(1, args, {{"CUDA_VISIBLE_DEVICES", "-1"}});
+    expect_refused(p, why);
+    size_t errors = 0;
+    for (size_t at = p.output.find("comms-bench: "); at != std::string::npos; at = p.output.find("comms-bench: ", at + 1)) {
+      ++errors;
+    }
+    EXPECT_EQ(errors, 1u) << p.output;
+  }
+}
+
+TEST(BenchFlags, ReductionsNcclLacksAreRefusedOnCudaNamingTheFlags) {
+  if (!COMMS_BENCH_CUDA) GTEST_SKIP() << "built without CUDA: --device cuda is refused before any op is looked at";
+  // Refused before the device is looked for, so it holds here without one.
+  expect_refused(bench(1, {"--device", "cuda", "-d", "int32", "-r", "bor"}, {{"CUDA_VISIBLE_DEVICES", "-1"}}),
+                 "comms-bench: --device cuda: nccl cannot reduce int32 with bor: NCCL has no bitwise reductions "
+                 "(-o/--op=all_reduce, -d/--datatype=int32, -r/--redop=bor)");
+  expect_refused(bench(1, {"--device", "cuda", "-o", "reduce_scatter", "-d", "bool", "-r", "bxor", "--overhead"},
+                       {{"CUDA_VISIBLE_DEVICES", "-1"}}),
+                 "nccl cannot reduce bool with bxor: NCCL has no logical xor (-o/--op=reduce_scatter");
 }
 
 }  // namespace
