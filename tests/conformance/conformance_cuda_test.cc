@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "device_memory.h"
 #include "harness.h"
@@ -191,6 +192,27 @@ TEST(ConformanceBuffers, WithoutADeviceCudaMemoryIsRefusedSayingNoCudaDevice) {
   std::string why;
   EXPECT_EQ(cuda_memory(0, 1, 1s, &why), nullptr);
   EXPECT_NE(why.find("no CUDA device"), std::string::npos) << why;
+}
+
+// On a GPU host: bytes go to the device and come back through the stream, in
+// a buffer the host never wrote.
+TEST(ConformanceBuffers, OnARealGpuBytesRoundTripThroughTheDevice) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  std::string why;
+  auto gpu = cuda_memory(0, 1, 30s, &why);
+  ASSERT_NE(gpu, nullptr) << why;
+  EXPECT_NE(gpu->stream(), nullptr);
+  EXPECT_EQ(gpu->device(), Device::cuda(0));
+  EXPECT_NE(gpu->describe().find("compute capability"), std::string::npos) << gpu->describe();
+  Buf b(*gpu, DataType::kInt32, 1000);
+  for (size_t i = 0; i < 1000; ++i) b.set(i, int(i) * 7 - 3);
+  const BufferView v = b.view();
+  std::vector<int32_t> back(1000, 0);
+  gpu->download(back.data(), v.data, 1000 * sizeof(int32_t));
+  for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(back[i], int32_t(i) * 7 - 3) << i;
+  EXPECT_EQ(b.get(999), 999 * 7 - 3);
+  auto second = gpu->with_own_stream();
+  EXPECT_NE(second->stream(), gpu->stream());
 }
 
 // Done-means 1 of the GPU issue: on a host without a GPU, every case of
