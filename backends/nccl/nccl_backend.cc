@@ -163,8 +163,55 @@ class DeviceGuard {
 };
 
 // One op's completion, shared by its Work, the comm's queue and the watchdog.
+// Reused end-of-op events: creating and destroying one per op cost about a
+// microsecond of comms' per-op overhead over raw NCCL. Shared with the Works,
+// which give their event back when they go; events are released with the last
+// holder. Every event is created on the comm's device.
+class EventPool {
+ public:
+  explicit EventPool(std::shared_ptr<NcclApi> api) : api_(std::move(api)) {}
+  ~EventPool() {
+    for (cudaEvent_t e : free_) api_->event_destroy(e);
+  }
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  // The caller has the comm's device current.
+  cudaError_t take(cudaEvent_t* e) {
+    {
+      std::lock_guard lock(mu_);
+      if (!free_.empty()) {
+        *e = free_.back();
+        free_.pop_back();
+        return cudaSuccess;
+      }
+    }
+    return api_->event_create(e);
+  }
+  // Re-recording an event that is still pending is allowed: a wait already
+  // enqueued on it keeps waiting for the capture it saw.
+  void give(cudaEvent_t e) {
+    {
+      std::lock_guard lock(mu_);
+      if (free_.size() < kKept) {
+        free_.push_back(e);
+        return;
+      }
+    }
+    api_->event_destroy(e);
+  }
+
+ private:
+  // Ops stay queued until the watchdog's next round: enough for 20 ms of ops
+  // at a few microseconds each.
+  static constexpr size_t kKept = 8192;
+  std::shared_ptr<NcclApi> api_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
 struct WorkState {
-  std::shared_ptr<NcclApi> api;
+  std::shared_ptr<EventPool> events;
   uint64_t seq = 0;
   OpType type = OpType::kBarrier;
   cudaEvent_t end = nullptr;
@@ -175,7 +222,7 @@ struct WorkState {
   Status status;
 
   ~WorkState() {
-    if (end) api->event_destroy(end);  // safe while pending: CUDA defers the release
+    if (end) events->give(end);
   }
   std::string label() const {
     return std::string(plugin::op_name(type)) + " #" + std::to_string(seq);
@@ -193,6 +240,7 @@ class Core {
         hints_(std::move(hints)),
         op_timeout_(init_.op_timeout) {
     device_ = init_.device.index >= 0 ? init_.device.index : init_.local_rank;
+    events_ = std::make_shared<EventPool>(api_);
     if (api_->compute_capability(device_, &cc_major_, &cc_minor_) != cudaSuccess) {
       cc_major_ = cc_minor_ = -1;
     }
@@ -317,20 +365,21 @@ class Core {
       return s;
     }
     auto work = std::make_shared<WorkState>();
-    work->api = api_;
+    work->events = events_;
     work->seq = op.seq;
     work->type = op.type;
     work->timeout = timeout;
     work->deadline = deadline;
-    if (cudaError_t e = api_->event_create(&work->end); e != cudaSuccess) {
+    if (cudaError_t e = events_->take(&work->end); e != cudaSuccess) {
       work->end = nullptr;
       return cuda_status(*api_, e, "cudaEventCreate");
     }
     if (cudaError_t e = api_->event_record(work->end, stream_); e != cudaSuccess) {
       return cuda_status(*api_, e, "cudaEventRecord on the internal stream");
     }
+    // The watchdog finds it at its next round (every watchdog_interval); no
+    // wake-up per op: that cost a futex call and a contended lock per op.
     outstanding_.push_back(work);
-    watchdog_cv.notify_all();
     *out_work = std::move(work);
     return {};
   }
@@ -339,9 +388,11 @@ class Core {
 
   // Marks `w` done if its event fired, or fails the comm if it is past its
   // deadline. Returns whether it is done (successfully or not).
-  bool check_work_locked(WorkState& w, Clock::time_point now) {
+  // `query` false: an earlier op on the stream is still running, so this
+  // one is too; only its deadline is checked.
+  bool check_work_locked(WorkState& w, Clock::time_point now, bool query = true) {
     if (w.done) return true;
-    const cudaError_t q = api_->event_query(w.end);
+    const cudaError_t q = query ? api_->event_query(w.end) : cudaErrorNotReady;
     if (q == cudaSuccess) {
       w.done = true;
       return true;
@@ -370,7 +421,15 @@ class Core {
         fail_locked(nccl_status(*api_, comm_, async, "NCCL (asynchronous error)"), nullptr);
       }
     }
-    for (auto& w : outstanding_) check_work_locked(*w, now);
+    // Ops finish in issue order on the one stream: events are queried up to
+    // the first that has not fired (a round stays cheap with many ops queued).
+    // A failure clears the queue (fail_locked): hold each op while checking
+    // it, and stop there.
+    bool query = true;
+    for (size_t i = 0; i < outstanding_.size() && failure_.is_ok(); ++i) {
+      const std::shared_ptr<WorkState> w = outstanding_[i];
+      query = check_work_locked(*w, now, query) && query;
+    }
     while (!outstanding_.empty() && outstanding_.front()->done) outstanding_.pop_front();
   }
 
@@ -634,6 +693,7 @@ class Core {
   cudaEvent_t caller_ready_ = nullptr;
   void* scratch_ = nullptr;
   std::deque<std::shared_ptr<WorkState>> outstanding_;
+  std::shared_ptr<EventPool> events_;
   Status failure_;
   std::atomic<bool> abort_requested_{false};
 };
@@ -661,6 +721,13 @@ Status Core::reduce_op(const OpDesc& op, Clock::time_point deadline,
   return s;
 }
 
+// An op that NCCL runs with its one-rank scaling kernel on a one-rank comm.
+bool one_rank_scaling(const OpDesc& op) {
+  const bool reducing = op.type == OpType::kAllReduce || op.type == OpType::kReduce ||
+                        op.type == OpType::kReduceScatter || op.type == OpType::kReduceScatterV;
+  return reducing && (op.reduce.kind == ReduceKind::kAvg || op.reduce.kind == ReduceKind::kPremulSum);
+}
+
 Status Core::enqueue_locked(const OpDesc& op, Clock::time_point deadline) {
   const size_t elem = element_size(op.dtype);
   const ncclDataType_t cdt = copy_dtype(op.dtype);
@@ -673,6 +740,26 @@ Status Core::enqueue_locked(const OpDesc& op, Clock::time_point deadline) {
   const std::string what = "nccl " + std::string(plugin::op_name(op.type));
   cudaStream_t s = stream_;
   ncclComm_t c = comm_;
+
+  if (size == 1 && one_rank_scaling(op)) {
+    // NCCL 2.28.3 on one rank: avg and premul_sum (its one-rank scaling
+    // kernel) leave every element past the last whole 512 KiB unwritten when
+    // the buffer is larger than that (seen on an H100, every type). On one
+    // rank these ops are elementwise: the tail goes in a call of its own.
+    constexpr size_t kOneRankChunkBytes = size_t{512} << 10;
+    const size_t count = op.type == OpType::kReduceScatterV ? op.counts[0] : op.count;
+    const size_t bulk = count * elem / kOneRankChunkBytes * kOneRankChunkBytes / elem;
+    if (bulk != 0 && bulk != count) {
+      const char* in = static_cast<const char*>(op.input ? op.input : op.output);
+      for (auto [from, n] : {std::pair{size_t{0}, bulk}, std::pair{bulk, count - bulk}}) {
+        Status part = reduce_op(op, deadline, [&](ncclDataType_t dt, ncclRedOp_t rop) {
+          return api_->all_reduce(in + from * elem, out_at(from), n, dt, rop, c, s);
+        });
+        if (!part.is_ok()) return part;
+      }
+      return {};
+    }
+  }
 
   switch (op.type) {
     case OpType::kAllReduce:

@@ -215,6 +215,25 @@ TEST_F(NcclBackendTest, SynchronousOpOrdersTheCallersStreamWithoutAWork) {
   EXPECT_EQ(api->stream_waits.back().first, reinterpret_cast<cudaStream_t>(0x78));
 }
 
+TEST_F(NcclBackendTest, EndEventsOfFinishedOpsAreReusedNotCreatedPerOp) {
+  auto b = make_initialized();
+  auto created = [&] {
+    auto l = api->lock();
+    return api->events_created;
+  };
+  const int after_init = created();  // the caller-ordering event
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 4; ++i) {
+      std::unique_ptr<plugin::Work> w;
+      ASSERT_TRUE(b->submit(op(OpType::kAllReduce), &w).is_ok());
+      if (w) EXPECT_TRUE(w->wait(WaitMode::kBlocking).is_ok());
+    }
+    std::this_thread::sleep_for(30ms);  // a watchdog round retires them
+  }
+  // Four in flight at most, then reused in the later rounds.
+  EXPECT_EQ(created() - after_init, 4);
+}
+
 TEST_F(NcclBackendTest, OpPastItsTimeoutFailsWithTimeoutAbortsTheCommAndLaterOps) {
   auto b = make_initialized();
   api->events_complete_on_record = false;
@@ -484,6 +503,51 @@ TEST_F(NcclBackendTest, AvgMapsToNcclAvg) {
   ASSERT_TRUE(b->submit(d, &w).is_ok());
   EXPECT_EQ(op_calls().back().op, ncclAvg);
   EXPECT_EQ(op_calls().back().root_or_peer, 0);
+}
+
+// NCCL 2.28.3's one-rank avg/premul_sum leaves the elements past the last
+// whole 512 KiB unwritten (seen on an H100): the plugin sends the tail apart.
+TEST_F(NcclBackendTest, OnOneRankAvgAndPremulSumPastWhole512KiBSendTheTailInACallOfItsOwn) {
+  auto b = make_initialized();  // one rank
+  for (ReduceOp rop : {ReduceOp::avg(), ReduceOp::premul_sum(2.0)}) {
+    const size_t before = op_calls().size();
+    OpDesc d = op(OpType::kAllReduce, 65537, DataType::kFloat64);  // 512 KiB + 8 bytes
+    d.reduce = rop;
+    std::unique_ptr<plugin::Work> w;
+    ASSERT_TRUE(b->submit(d, &w).is_ok());
+    std::vector<testing::NcclCall> reduces;
+    const auto calls = op_calls();
+    for (size_t i = before; i < calls.size(); ++i) {
+      if (calls[i].name == "all_reduce") reduces.push_back(calls[i]);
+    }
+    ASSERT_EQ(reduces.size(), 2u);
+    EXPECT_EQ(reduces[0].count, 65536u);
+    EXPECT_EQ(reduces[0].in, d.input);
+    EXPECT_EQ(reduces[1].count, 1u);
+    EXPECT_EQ(reduces[1].in, static_cast<const char*>(d.input) + 65536 * 8);
+    EXPECT_EQ(reduces[1].out, static_cast<char*>(d.output) + 65536 * 8);
+  }
+  // A whole number of 512 KiB, or a sum: one call as usual.
+  for (auto [count, rop] : {std::pair{size_t{65536}, ReduceOp::avg()}, std::pair{size_t{65537}, ReduceOp::sum()}}) {
+    const size_t before = op_calls().size();
+    OpDesc d = op(OpType::kAllReduce, count, DataType::kFloat64);
+    d.reduce = rop;
+    std::unique_ptr<plugin::Work> w;
+    ASSERT_TRUE(b->submit(d, &w).is_ok());
+    EXPECT_EQ(op_calls().size() - before, 1u);
+  }
+}
+
+TEST_F(NcclBackendTest, OnTwoRanksAvgPast512KiBIsOneCall) {
+  store->set("nccl/unique_id", std::string(128, 'x'));
+  auto b = make(make_init(1, 2));
+  ASSERT_TRUE(b->init().is_ok());
+  const size_t before = op_calls().size();
+  OpDesc d = op(OpType::kAllReduce, 65537, DataType::kFloat64);
+  d.reduce = ReduceOp::avg();
+  std::unique_ptr<plugin::Work> w;
+  ASSERT_TRUE(b->submit(d, &w).is_ok());
+  EXPECT_EQ(op_calls().size() - before, 1u);
 }
 
 TEST_F(NcclBackendTest, AllGatherVBroadcastsEachRanksSliceInOneGroup) {

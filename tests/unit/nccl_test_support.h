@@ -58,6 +58,7 @@ class FakeNcclApi final : public NcclApi {
   std::vector<CapturedConfig> split_configs;
   std::vector<std::pair<int, int>> split_color_key;
   std::vector<int> stream_priorities;
+  int events_created = 0;
   std::vector<std::pair<cudaStream_t, cudaEvent_t>> stream_waits;
   std::vector<unsigned char> premul_scalar;
   std::atomic<int> aborts{0}, finalizes{0}, destroys{0}, frees{0}, streams_destroyed{0};
@@ -259,6 +260,7 @@ class FakeNcclApi final : public NcclApi {
   }
   cudaError_t event_create(cudaEvent_t* e) override {
     std::lock_guard l(mu_);
+    ++events_created;
     *e = reinterpret_cast<cudaEvent_t>(next_handle_++);
     events_[*e] = false;
     return cudaSuccess;
