@@ -203,6 +203,9 @@ std::optional<Error> WorkState::wait(WaitMode mode) {
   } catch (const std::exception& e) {
     st = {ErrorCode::kInternal, str::cat("backend threw from wait(): ", e.what())};
   }
+  // A stream wait on a device op only orders the caller's stream: the op may
+  // still be running and may still fail, so the Work stays open.
+  if (st.is_ok() && mode == WaitMode::kStream && !work_->is_completed()) return std::nullopt;
   done_ = true;
   if (!st.is_ok()) {
     error_ = comm_->make_error(type_, seq_, st);

@@ -225,11 +225,14 @@ class Runner:
                                   "message": (failures[0] if failures else self.skip_message(output, t["name"]))[:2000]})
         shutil.rmtree(json_dir, ignore_errors=True)
         counts = {s: sum(c["status"] == s for c in cases) for s in ("pass", "fail", "skip")}
+        # What the cases printed besides gtest's own lines (timings, what NCCL logged).
+        printed = [line for line in output.splitlines()
+                   if line.strip() and not re.match(r"^(\[\d+\] )?(\[[ =A-Z-]+\]|Note:|\.\./|NCCL version)", line)]
         status = "pass" if rc == 0 and cases and counts["fail"] == 0 else "fail"
         details = "%d passed, %d failed, %d skipped" % (counts["pass"], counts["fail"], counts["skip"])
         if rc != 0 and counts["fail"] == 0:
             details += " (exit %d: %s)" % (rc, output.strip().splitlines()[-1] if output.strip() else "no output")
-        self.record(name, what, status, secs, details, {"cases": cases})
+        self.record(name, what, status, secs, details, {"cases": cases, "printed": printed[:40]})
 
     @staticmethod
     def skip_message(output, test):
@@ -243,10 +246,14 @@ class Runner:
         rc, output, secs = self.execute("conformance", argv, 420)
         m = re.findall(r"(\d+) passed, (\d+) failed(?:, (\d+) skipped)?", output)
         details = ("%s passed, %s failed, %s skipped" % (m[-1][0], m[-1][1], m[-1][2] or 0)) if m else "no summary"
-        data = {}
+        skips = {}
+        for m2 in re.finditer(r"SKIP \S+: (.*)", output):
+            reason = re.sub(r"\b(u?int\d+|float\d+\w*|bfloat16|bool)\b", "<type>", m2.group(1))
+            skips[reason] = skips.get(reason, 0) + 1
+        data = {"skip_reasons": dict(sorted(skips.items(), key=lambda kv: -kv[1]))}
         if os.path.exists(json_path):
             with open(json_path) as f:
-                data = {"report": json.load(f)}
+                data["report"] = json.load(f)
         failed = rc != 0 or not m or m[-1][1] != "0" or m[-1][0] == "0"
         if rc != 0:
             details += " (exit %d)" % rc
@@ -323,10 +330,15 @@ def write_report(out, facts, results, started):
         lines.append("| %s | %s | %s | %.1f s | %s |" % (r["check"], r["what"], r["status"].upper(), r["seconds"],
                                                          r["details"].replace("|", "/").replace("\n", " ")))
     for r in results:
+        if r["data"].get("skip_reasons"):
+            lines += ["", "## %s: why cases skipped" % r["check"], ""]
+            lines += ["- %d: %s" % (n, why) for why, n in r["data"]["skip_reasons"].items()]
         cases = r["data"].get("cases")
         if not cases:
             continue
         lines += ["", "## %s" % r["check"], ""]
+        if r["data"].get("printed"):
+            lines += ["```"] + r["data"]["printed"] + ["```", ""]
         for c in cases:
             msg = c["message"].strip().replace("\n", " ")
             lines.append("- %s %s%s" % (c["status"].upper(), c["name"], (": " + msg[:400]) if msg else ""))
@@ -354,7 +366,8 @@ def run(tree, out):
     runner = Runner(tree, out, gpus)
     rc, info, _ = runner.execute("comms-info", [runner.path("tools/comms-info"), "--json"], 60)
     try:
-        for b in json.loads(info).get("backends", []):
+        # NCCL may print its banner first.
+        for b in json.loads(info[info.index("{"):]).get("plugins", []):
             if b.get("name") == "nccl":
                 facts["nccl_version"] = b.get("version", "unknown")
     except ValueError:

@@ -193,5 +193,32 @@ TEST(CommCreation, OpsOnADeviceTypeWithoutABackendFailClearly) {
   c->all_reduce(BufferView::of(x), ReduceOp::sum());
 }
 
+// wait() on a device op only orders the caller's stream: the op may still be
+// running, so the Work is not complete and its final status is still to come.
+TEST_F(HintRouting, AStreamWaitLeavesTheWorkOpenAndALaterFailureIsReported) {
+  CommOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  o.hints = {{"fakegpu.late_timeout", "1"}};
+  auto c = new_comm("cuda:fakegpu", std::nullopt, "late-timeout", o);
+  float x = 1;
+  BufferView view{&x, 1, DataType::kFloat32, Device::cuda(0)};
+  OpOptions async;
+  async.async = true;
+  Work w = c->all_reduce(view, ReduceOp::sum(), async);
+  EXPECT_NO_THROW(w.wait());  // stream-ordered: returns at once
+  EXPECT_FALSE(w.is_completed());
+  EXPECT_EQ(w.status(), ErrorCode::kOk);  // not completed yet: nothing to report
+  try {
+    w.blocking_wait();
+    FAIL() << "the op's timeout was lost after wait()";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+    EXPECT_EQ(e.op(), "all_reduce");
+  }
+  EXPECT_TRUE(w.is_completed());
+  EXPECT_EQ(w.status(), ErrorCode::kTimeout);
+}
+
 }  // namespace
 }  // namespace comms

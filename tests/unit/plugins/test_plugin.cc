@@ -3,23 +3,43 @@
 //   TEST_PLUGIN_BAD_ABI: declares ABI version 999 (must be refused);
 //   otherwise "fakegpu": a cuda backend with no devices and no data path,
 //   whose hint keys overlap gloo's (hint routing), and whose finalize fails
-//   when given fail_finalize=1 (failure injection for offload).
+//   when given fail_finalize=1 (failure injection for offload). With
+//   late_timeout=1 every op is a stream-ordered op that ends in a timeout:
+//   wait(kStream) succeeds at once, the failure shows at wait(kBlocking).
 #include <string>
 
 #include "comms/plugin.h"
 
 namespace {
 
-const char* const kKeys[] = {"interface", "min_ctas", "fail_finalize", nullptr};
+const char* const kKeys[] = {"interface", "min_ctas", "fail_finalize", "late_timeout", nullptr};
 
 int no_devices(comms::DeviceType) { return 0; }
+
+class LateTimeoutWork : public comms::plugin::Work {
+ public:
+  bool is_completed() override { return blocked_; }
+  comms::Status wait(comms::WaitMode mode) override {
+    if (mode == comms::WaitMode::kStream && !blocked_) return {};  // the caller's stream now waits for it
+    blocked_ = true;
+    return {comms::ErrorCode::kTimeout, "fakegpu: the op did not finish in time"};
+  }
+
+ private:
+  bool blocked_ = false;
+};
 
 class FakeBackend : public comms::plugin::Backend {
  public:
   explicit FakeBackend(const comms::plugin::BackendInit& init) : init_(init) {}
   comms::Status init() override { return {}; }
-  comms::Status submit(const comms::plugin::OpDesc&, std::unique_ptr<comms::plugin::Work>*) override {
-    return {comms::ErrorCode::kUnsupported, "fakegpu moves no data"};
+  comms::Status submit(const comms::plugin::OpDesc&, std::unique_ptr<comms::plugin::Work>* work) override {
+    auto it = init_.hints.find("late_timeout");
+    if (it == init_.hints.end() || it->second != "1") {
+      return {comms::ErrorCode::kUnsupported, "fakegpu moves no data"};
+    }
+    *work = std::make_unique<LateTimeoutWork>();
+    return {};
   }
   comms::Status split(const comms::plugin::SplitDesc& d, std::unique_ptr<comms::plugin::Backend>* child) override {
     if (!d.ranks.empty()) *child = std::make_unique<FakeBackend>(d.child);
