@@ -4,6 +4,7 @@
   gpu_check.py run BUILD_OR_BUNDLE OUT_DIR   run the checks, write OUT_DIR/report.md and report.json
   gpu_check.py bundle BUILD BUNDLE_DIR       copy what `run` needs out of a build, for a machine
                                              that cannot build (tools/dev gpu-bundle; the device tool)
+  gpu_check.py bundle-matches BUNDLE_DIR     exit 0 if the bundle was built from this tree's sources
 
 `run` without a CUDA device prints one line saying so and exits 0. With one it
 runs each check (the NCCL plugin's GPU unit tests, the conformance suite on
@@ -379,7 +380,17 @@ def run(tree, out):
     return 1 if failed else 0
 
 
+def bundle_matches(tree):
+    manifest_path = os.path.join(tree, "MANIFEST.json")
+    if not os.path.exists(manifest_path):
+        return False
+    with open(manifest_path) as f:
+        return json.load(f).get("sources") == source_digest()
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "bundle-matches":
+        return 0 if bundle_matches(sys.argv[2]) else 1
     if len(sys.argv) != 4 or sys.argv[1] not in ("run", "bundle"):
         sys.exit(__doc__)
     if sys.argv[1] == "bundle":
