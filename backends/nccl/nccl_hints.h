@@ -85,7 +85,7 @@ struct TranslatedHints {
 // whose NCCL_VERSION_CODE is `nccl_version_code` (the linked one in
 // production; tests pass older codes to exercise the gating). Every error
 // names the key and the value. A key that NCCL lacks is an error, never
-// dropped.
+// dropped; so is a key given both bare and prefixed ("k" and "nccl.k").
 Status translate_hints(const Hints& hints, int nccl_version_code, TranslatedHints* out);
 
 // The child's hints for a split: the parent's, overridden by the call's.
