@@ -17,6 +17,8 @@
 #include <dlfcn.h>
 #include <netdb.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "comms/options.h"
+#include "comms/env.h"
 #include "comms/plugin.h"
 #include "fuzz_check.h"
 #include "gloo_backend.h"
@@ -81,7 +84,13 @@ void check_config(const GlooConfig& cfg, const Hints& h, const std::string& env_
   } else if (!h.count("interface") && !h.count("hostname") && env_hostname.empty()) {
     FUZZ_CHECK(!cfg.hostname.empty(), "no default address from " + why);
   }
-  if (h.count("busy_poll")) FUZZ_CHECK(cfg.busy_poll == h.at("busy_poll"), "the busy_poll hint lost from " + why);
+  if (h.count("busy_poll")) {
+    // Accepted: auto in any case, or a boolean (yes, On, ...) as 1 or 0.
+    std::string v = h.at("busy_poll");
+    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    const std::string expected = v == "auto" ? "auto" : comms::env::parse_bool(h.at("busy_poll"), "busy_poll") ? "1" : "0";
+    FUZZ_CHECK(cfg.busy_poll == expected, "the busy_poll hint lost from " + why);
+  }
 }
 
 }  // namespace
