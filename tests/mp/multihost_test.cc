@@ -274,6 +274,7 @@ size_t open_fds() {
 // delay line (delay_line.h) in place of node 1's cable rather than by
 // `tc ... netem delay 5ms`: every frame each way is held 5 ms.
 TEST_F(MultiHost, FiveMillisecondsOfAddedLatencySlowsButDoesNotFailARun) {
+  if (::access("/dev/net/tun", R_OK | W_OK) != 0) GTEST_SKIP() << "the delay line needs /dev/net/tun (TAP devices)";
   const size_t fds_before = open_fds();
   {
     Network net(2, false, /*delayed_node=*/1);
