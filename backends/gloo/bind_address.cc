@@ -29,6 +29,32 @@ std::string address_text(const sockaddr* a) {
   return buf;
 }
 
+// The value as a message shows it: control bytes as \xNN.
+std::string shown(const std::string& value) {
+  std::string out;
+  for (unsigned char c : value) {
+    if (c >= 0x20 && c != 0x7f) {
+      out += static_cast<char>(c);
+      continue;
+    }
+    static const char kHex[] = "0123456789abcdef";
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+// A NUL would cut the value where getaddrinfo or Gloo's C strings see it
+// (the check would pass on a prefix); other control bytes are in no host or
+// interface name.
+bool has_control_byte(const std::string& value) {
+  for (unsigned char c : value) {
+    if (c < 0x20 || c == 0x7f) return true;
+  }
+  return false;
+}
+
 bool is_loopback_v4(const sockaddr* a) {
   return a->sa_family == AF_INET &&
          (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
@@ -78,9 +104,14 @@ struct Interfaces {
 }  // namespace
 
 Status check_hostname(const std::string& hostname, const std::string& source) {
-  const std::string named = cat({source, "='", hostname, "'"});
+  const std::string named = cat({source, "='", shown(hostname), "'"});
   if (hostname.empty()) {
     return {ErrorCode::kInvalidArgument, cat({named, " is empty; give a host name or address of this host"})};
+  }
+  if (has_control_byte(hostname)) {
+    return {ErrorCode::kInvalidArgument,
+            cat({named, " contains a control character (a NUL, newline, ...); give a host name or address of this "
+                 "host"})};
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -125,9 +156,14 @@ Status check_hostname(const std::string& hostname, const std::string& source) {
 }
 
 Status check_interface(const std::string& interface, const std::string& source) {
-  const std::string named = cat({source, "='", interface, "'"});
+  const std::string named = cat({source, "='", shown(interface), "'"});
   if (interface.empty()) {
     return {ErrorCode::kInvalidArgument, cat({named, " is empty; give the name of a network interface"})};
+  }
+  if (has_control_byte(interface)) {
+    return {ErrorCode::kInvalidArgument,
+            cat({named, " contains a control character (a NUL, newline, ...); give the name of a network "
+                 "interface"})};
   }
   Interfaces ifs;
   if (!ifs.list) {

@@ -817,18 +817,24 @@ Status resolve_config(const Hints& hints, int local_size, int size,
       cfg.interface = v;
       interface_from = "hint gloo.interface";
       cfg.hostname.clear();
-      if (v.empty()) return {ErrorCode::kInvalidArgument, "hint gloo.interface is empty; name a network interface"};
     } else if (k == "hostname") {
       cfg.hostname = v;
       hostname_from = "hint gloo.hostname";
       cfg.interface.clear();
-      if (v.empty()) return {ErrorCode::kInvalidArgument, "hint gloo.hostname is empty; give a host name or address"};
     } else if (k == "busy_poll") {
       busy_poll = v;
       busy_poll_from = "hint gloo.busy_poll";
     } else {
       return {ErrorCode::kInvalidArgument, cat({"unknown gloo hint '", k, "'"})};
     }
+  }
+  // Values are checked once every key is known to be one: an unknown key is
+  // reported first, whatever the map's order puts before it.
+  if (hints.count("interface") && cfg.interface.empty()) {
+    return {ErrorCode::kInvalidArgument, "hint gloo.interface is empty; name a network interface"};
+  }
+  if (hints.count("hostname") && cfg.hostname.empty()) {
+    return {ErrorCode::kInvalidArgument, "hint gloo.hostname is empty; give a host name or address"};
   }
   Status s = resolve_busy_poll(busy_poll, busy_poll_from, local_size, &cfg);
   if (!s.is_ok()) return s;

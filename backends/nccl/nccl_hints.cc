@@ -141,6 +141,15 @@ std::optional<std::string> canonical_net_name(std::string_view name) {
 }
 
 Status translate_hints(const Hints& hints, int version, TranslatedHints* out) {
+  // The core refuses "k" with "nccl.k" when it routes hints; the plugin
+  // must not let one silently win either, whoever calls it.
+  for (const auto& [key, value] : hints) {
+    if (key.starts_with("nccl.") && hints.count(key.substr(5))) {
+      return {ErrorCode::kInvalidArgument, "nccl hints " + key.substr(5) + "=" + hints.find(key.substr(5))->second +
+                                               " and " + key + "=" + value + " both set " + key.substr(5) +
+                                               "; give it once"};
+    }
+  }
   TranslatedHints t;
   NcclConfigFields& c = t.config;
   for (const auto& [raw_key, value] : hints) {

@@ -88,7 +88,7 @@ struct TranslatedHints {
 // whose NCCL_VERSION_CODE is `nccl_version_code` (the linked one in
 // production; tests pass older codes to exercise the gating). Every error
 // names the key and the value. A key that NCCL lacks is an error, never
-// dropped.
+// dropped; so is a key given both bare and prefixed ("k" and "nccl.k").
 Status translate_hints(const Hints& hints, int nccl_version_code, TranslatedHints* out);
 
 // The fields the plugin hands NCCL for a comm named `comm_name`: the hints'

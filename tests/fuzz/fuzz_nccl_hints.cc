@@ -5,14 +5,17 @@
 //   3  COMMS_NCCL_NET_NAMES, when the line is present
 // Properties:
 //   - translate_hints returns ok, kInvalidArgument or kUnsupported; an error
-//     names one of the keys given;
+//     names one of the keys given; a key given both bare and prefixed ("k"
+//     and "nccl.k") is kInvalidArgument at every version, and a doubly
+//     prefixed one ("nccl.nccl.k") is refused at every version;
 //   - accepted fields are in NCCL's ranges, come from a key that was given,
 //     and every key is one the version has;
 //   - what a version accepts, every later version accepts the same way;
 //   - explain_json is valid JSON, and the values it reports, given back as
 //     hints, translate to the same result;
-//   - merge_split_hints keeps the call's values, drops comm_name from the
-//     parent and never keeps both spellings (k and nccl.k) of a key.
+//   - merge_split_hints (of hints the core routes: no key twice, no
+//     nccl.nccl.*) keeps the call's values, drops comm_name from the parent
+//     and never keeps both spellings of a key.
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
@@ -68,8 +71,23 @@ Hints hints_from_explanation(const nlohmann::json& j) {
   return h;
 }
 
+// The key given both as "k" and "nccl.k", if any.
+std::optional<std::string> twice(const Hints& h) {
+  for (const auto& [k, v] : h)
+    if (h.count("nccl." + k)) return k;
+  return std::nullopt;
+}
+
+bool doubly_prefixed(const Hints& h) {
+  for (const auto& [k, v] : h)
+    if (k.starts_with("nccl.nccl.")) return true;
+  return false;
+}
+
 // Translates at every version; returns the result at the newest.
 std::optional<TranslatedHints> check_translation(const Hints& h) {
+  const auto both = twice(h);
+  const bool malformed = both || doubly_prefixed(h);
   std::optional<TranslatedHints> accepted_at_older;
   std::optional<TranslatedHints> last;
   for (int version : kVersions) {
@@ -81,11 +99,18 @@ std::optional<TranslatedHints> check_translation(const Hints& h) {
       bool names_a_key = false;
       for (const auto& [k, v] : h) names_a_key = names_a_key || s.message.find(bare(k)) != std::string::npos;
       FUZZ_CHECK(names_a_key, "the error names no key of " + describe(h) + ": " + s.message);
+      if (both) {
+        FUZZ_CHECK(s.code == comms::ErrorCode::kInvalidArgument &&
+                       s.message.find("nccl." + *both) != std::string::npos,
+                   "'" + *both + "' given twice is not rejected naming it: " + describe(h) + ": " + s.message);
+      }
       FUZZ_CHECK(!accepted_at_older, "accepted by an older NCCL, rejected at " + std::to_string(version) + ": " +
                                          describe(h) + ": " + s.message);
       last.reset();
       continue;
     }
+    FUZZ_CHECK(!malformed, "a key given twice or as nccl.nccl.* accepted at " + std::to_string(version) + ": " +
+                               describe(h));
     if (accepted_at_older) {
       FUZZ_CHECK(t == *accepted_at_older, "a newer NCCL translates " + describe(h) + " differently");
     }
@@ -154,18 +179,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const comms::Error&) {
     return -1;  // not a hint string: fuzz_hints covers the parser
   }
-  // Out of the domain: the core strips the backend prefix before the plugin
-  // sees a key and rejects what is left if it is not a plugin key, so
-  // "nccl.nccl.x" never arrives; and "x" with "nccl.x" is a hint given twice,
-  // which issue 16 makes an error where hints are parsed.
-  for (const Hints* h : {&hints, &call}) {
-    for (const auto& [k, v] : *h)
-      if (k.starts_with("nccl.nccl.") || h->count("nccl." + k)) return -1;
-  }
   check_translation(hints);
   if (lines.size() > 1) {
     check_translation(call);
-    check_merge(hints, call);
+    // The core refuses both spellings of a key and nccl.nccl.* when it
+    // routes hints, so such hints never reach a split's merge.
+    if (!twice(hints) && !doubly_prefixed(hints) && !twice(call) && !doubly_prefixed(call)) check_merge(hints, call);
   }
   return 0;
 }

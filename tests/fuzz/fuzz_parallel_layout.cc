@@ -2,6 +2,8 @@
 // (comms::dist::parse_parallel_flags) and what comms-info and the trainer do
 // with it: plan_model_parallel, i.e. Megatron's RankGenerator.
 //   - Rejections are comms::Error kInvalidArgument, from parsing and planning.
+//   - Sizes whose products pass the world, or a rank_offset + world past
+//     kMaxWorldSize, are refused (no int overflow makes them look valid).
 //   - Accepted flags, written back as a string, parse to the same flags.
 //   - A plan's sizes multiply to the world; every group kind but embd and
 //     pos_embd partitions [rank_offset, rank_offset + world) into groups of
@@ -132,14 +134,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
              "'" + written + "' does not parse back to " + describe(f));
 
   if (!f.world || *f.world > kMaxPlannedWorld) return 0;
-  // Known, fixed elsewhere in issue 16 (layout sizes bounded and computed
-  // without overflow): products of sizes or rank_offset + world beyond int.
+  // Sizes are bounded (kMaxWorldSize) and multiplied without overflow: a
+  // layout whose products or rank_offset + world go past the world (in
+  // 64-bit arithmetic, so no wrapped product can look valid) is refused.
   const auto& c = f.config;
-  auto fits = [](int a, int b, int c) {
-    int ab = 0, abc = 0;
-    return !__builtin_mul_overflow(a, b, &ab) && !__builtin_mul_overflow(ab, c, &abc);
-  };
-  if (!fits(c.tp, c.pp, c.cp) || !fits(c.expert_tp.value_or(c.tp), c.ep, c.pp) || int64_t{c.rank_offset} + *f.world > INT_MAX) {
+  const int64_t model = int64_t{c.tp} * c.pp * c.cp;
+  const int64_t expert_model = int64_t{c.expert_tp.value_or(c.tp)} * c.ep * c.pp;
+  const bool too_big =
+      model > *f.world || expert_model > *f.world || int64_t{c.rank_offset} + *f.world > kMaxWorldSize;
+  if (too_big) {
+    FUZZ_CHECK(!fuzz::accepts([&] { plan_model_parallel(c, *f.world); }, {ErrorCode::kInvalidArgument}, "", FUZZ_HERE),
+               "a layout larger than its world was planned: " + describe(f));
     return 0;
   }
   ParallelPlan plan;

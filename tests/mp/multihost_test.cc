@@ -2,13 +2,17 @@
 // commsrun --nnodes N per namespace gives the single-host final loss, Gloo
 // binds the interface COMMS_GLOO_IFNAME names, a link taken down mid-run
 // ends every rank within the op timeout, and a slow or distant link slows a
-// run without failing it. Runs only as root with `ip netns`; skipped
+// run without failing it (the distance made by a delay line, since this
+// kernel has no sch_netem). Runs only as root with `ip netns`; skipped
 // otherwise. Every namespace and process is gone afterwards, also when a
 // case fails.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <regex>
@@ -226,42 +230,75 @@ TEST_F(MultiHost, ALinkTakenDownMidRunEndsEveryRankWithinTheOpTimeoutAndFailsThe
   }
 }
 
-// Runs `args` on 2 hosts; after the first step (rendezvous and buffer
-// sizing done on the healthy link) applies `degrade`, a tc command for node
-// 1's eth0, while node 1's ranks are held. Returns the seconds from then to
-// the job's end, and node 0's output.
-double degraded_run(const Network& net, const std::vector<std::string>& args, const std::vector<std::string>& degrade,
+// Seconds from a link was slowed to the job's end, and to node 0's report
+// of its last step (the steps alone, without the job's teardown).
+struct Slowed {
+  double to_end = 0, to_last_step = 0;
+};
+
+// Runs `args` (with `--steps N`) on 2 hosts; after the first step
+// (rendezvous and buffer sizing done on the healthy link) calls `degrade`
+// (slowing node 1's link) while node 1's ranks are held. Returns node 0's
+// output and the times from then.
+Slowed degraded_run(const Network& net, const std::vector<std::string>& args, const std::function<void()>& degrade,
                     std::string* output) {
   auto jobs = start_job(net, 2, args, env());
-  if (!past_first_step(jobs)) return 0;
+  if (!past_first_step(jobs)) return {};
   Clock::time_point from;
   with_node_stopped(*jobs[1], [&] {
-    const CommandResult r = net.in_node(1, degrade);
-    EXPECT_EQ(r.code, 0) << r.output;
+    degrade();
     from = Clock::now();
   });
   *output = finish(jobs);
-  return seconds(jobs[0]->exited_at() - from);
+  const auto steps = std::find(args.begin(), args.end(), "--steps");
+  const Job::Line* last = steps == args.end() ? nullptr : jobs[0]->find("] step " + *(steps + 1) + " ");
+  EXPECT_NE(last, nullptr) << "no report of the last step\n" << *output;
+  return {seconds(jobs[0]->exited_at() - from), last ? seconds(last->at - from) : 0};
 }
 
+// A tc command for node 1's eth0, as a degradation.
+std::function<void()> tc_on_node_1(const Network& net, const std::vector<std::string>& argv) {
+  return [&net, argv] {
+    const CommandResult r = net.in_node(1, argv);
+    EXPECT_EQ(r.code, 0) << r.output;
+  };
+}
+
+size_t open_fds() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// This kernel, like many, lacks sch_netem, so the latency is added by a
+// delay line (delay_line.h) in place of node 1's cable rather than by
+// `tc ... netem delay 5ms`: every frame each way is held 5 ms.
 TEST_F(MultiHost, FiveMillisecondsOfAddedLatencySlowsButDoesNotFailARun) {
-  Network net(2);
-  // sch_netem is a kernel module that some kernels lack: try it first on
-  // the switch's loopback.
-  const CommandResult probe =
-      command({"ip", "netns", "exec", net.switch_ns(), "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "5ms"});
-  if (probe.code != 0) GTEST_SKIP() << "tc netem is not available in this kernel (sch_netem): " << probe.output;
-  const int steps = 60;
-  const std::vector<std::string> args = {"--steps", std::to_string(steps), "--print-every", "20"};
-  const double one_host = single_host_loss(net, 2 * kRanksPerNode, args);
-  std::string output;
-  const double elapsed =
-      degraded_run(net, args, {"tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", "5ms"}, &output);
-  EXPECT_EQ(final_loss(output), one_host) << output;
-  // Every step after the first needs node 1's gradients, which now cross a
-  // link that holds each packet 5 ms.
-  EXPECT_GE(elapsed, (steps - 1) * 0.005) << output;
-  std::printf("5 ms link: %d steps took %.2f s\n", steps - 1, elapsed);
+  if (::access("/dev/net/tun", R_OK | W_OK) != 0) GTEST_SKIP() << "the delay line needs /dev/net/tun (TAP devices)";
+  const size_t fds_before = open_fds();
+  {
+    Network net(2, false, /*delayed_node=*/1);
+    DelayLine& line = *net.delay_line();
+    const int steps = 60;
+    const std::vector<std::string> args = {"--steps", std::to_string(steps), "--print-every", "20"};
+    const double one_host = single_host_loss(net, 2 * kRanksPerNode, args);
+    std::string output;
+    const uint64_t delayed_before = line.frames_delayed();
+    const double elapsed = degraded_run(net, args, [&] { line.set_delay(5ms); }, &output).to_last_step;
+    EXPECT_EQ(final_loss(output), one_host) << output;
+    // Every step after the first needs node 1's gradients, which now cross a
+    // link that holds each frame 5 ms each way. (Timed to the last step: the
+    // job's teardown alone takes about as long as the bound, with no delay.)
+    EXPECT_GE(elapsed, (steps - 1) * 0.005) << output;
+    EXPECT_EQ(delayed_before, 0u);
+    EXPECT_GT(line.frames_delayed(), uint64_t{steps}) << "frames the line held 5 ms";
+    std::printf("5 ms link: %d steps took %.2f s to the last step; %llu frames forwarded, %llu held 5 ms, %llu dropped\n", steps - 1,
+                elapsed, static_cast<unsigned long long>(line.frames_forwarded()),
+                static_cast<unsigned long long>(line.frames_delayed()),
+                static_cast<unsigned long long>(line.frames_dropped()));
+  }
+  // The delay line's TAP devices, eventfd and thread are gone with the network.
+  EXPECT_EQ(open_fds(), fds_before);
 }
 
 TEST_F(MultiHost, ALinkLimitedToTwoMegabitsMidRunSlowsButDoesNotFailARun) {
@@ -272,8 +309,10 @@ TEST_F(MultiHost, ALinkLimitedToTwoMegabitsMidRunSlowsButDoesNotFailARun) {
   constexpr double kBurstBytes = 16 * 1024;
   std::string output;
   const double elapsed = degraded_run(
-      net, args, {"tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "2mbit", "burst", "16kb", "latency", "2s"},
-      &output);
+      net, args,
+      tc_on_node_1(net, {"tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "2mbit", "burst", "16kb",
+                         "latency", "2s"}),
+      &output).to_end;
   EXPECT_EQ(final_loss(output), one_host) << output;
   // A token bucket passes at most burst + rate * t bytes in t seconds, so
   // what node 1 sent through it bounds the run's time from below.

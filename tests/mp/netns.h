@@ -6,6 +6,10 @@
 //   net A (192.0.2.0/25):   node i's eth0 is 192.0.2.(10+i), bridge br0
 //   net B (192.0.2.128/25): node i's eth1 is 192.0.2.(138+i), bridge br1
 //
+// Cables are veth pairs, except that one node's cable to net A may be a
+// delay line (delay_line.h: two TAP devices and a thread that can hold
+// every frame), for added latency without sch_netem.
+//
 // Every name starts with "comms-mh-<pid>-". The destructor kills whatever
 // still runs inside the namespaces and deletes them; remove_stale() deletes
 // the namespaces of earlier runs whose process is gone (one killed before
@@ -30,12 +34,14 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "delay_line.h"
 #include "subprocess.h"
 
 namespace comms::testing::netns {
@@ -145,8 +151,9 @@ inline std::string unavailable_reason() {
 
 class Network {
  public:
-  // `nodes` hosts; with `second_net`, each also has eth1 on net B.
-  explicit Network(int nodes, bool second_net = false) {
+  // `nodes` hosts; with `second_net`, each also has eth1 on net B. Node
+  // `delayed_node`'s eth0, if given, is a delay line (delay 0 to start with).
+  explicit Network(int nodes, bool second_net = false, int delayed_node = -1) {
     prefix_ = kPrefix + std::to_string(::getpid()) + "-";
     try {
       add_namespace(switch_ns());
@@ -159,7 +166,12 @@ class Network {
       for (int i = 0; i < nodes; ++i) {
         add_namespace(node(i));
         must({"ip", "-n", node(i), "link", "set", "lo", "up"});
-        plug(i, "eth0", switch_port(i, 0), "br0", address(i, 0) + "/25");
+        if (i == delayed_node) {
+          delay_line_ = std::make_unique<DelayLine>(node(i), "eth0", switch_ns(), switch_port(i, 0));
+          attach(i, "eth0", switch_port(i, 0), "br0", address(i, 0) + "/25");
+        } else {
+          plug(i, "eth0", switch_port(i, 0), "br0", address(i, 0) + "/25");
+        }
         if (second_net) plug(i, "eth1", switch_port(i, 1), "br1", address(i, 1) + "/25");
       }
     } catch (...) {
@@ -185,7 +197,11 @@ class Network {
     return command(argv);
   }
 
+  // The delayed node's cable (null without one).
+  DelayLine* delay_line() const { return delay_line_.get(); }
+
   void remove() {
+    delay_line_.reset();  // its TAP devices go with its file descriptors
     for (auto it = created_.rbegin(); it != created_.rend(); ++it) remove_namespace(*it);
     created_.clear();
   }
@@ -201,6 +217,13 @@ class Network {
             const std::string& cidr) {
     must({"ip", "-n", node(i), "link", "add", iface, "type", "veth", "peer", "name", port, "netns",
           switch_ns()});
+    attach(i, iface, port, bridge, cidr);
+  }
+
+  // Puts a cable's switch end (`port`) on `bridge` and gives node i's end
+  // (`iface`) its address.
+  void attach(int i, const std::string& iface, const std::string& port, const std::string& bridge,
+              const std::string& cidr) {
     must({"ip", "-n", switch_ns(), "link", "set", port, "master", bridge, "up"});
     must({"ip", "-n", node(i), "addr", "add", cidr, "dev", iface});
     must({"ip", "-n", node(i), "link", "set", iface, "up"});
@@ -208,6 +231,7 @@ class Network {
 
   std::string prefix_;
   std::vector<std::string> created_;
+  std::unique_ptr<DelayLine> delay_line_;
 };
 
 // A process in a namespace, its output kept as time-stamped lines.

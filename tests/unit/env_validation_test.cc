@@ -3,8 +3,6 @@
 // walks the whole table; a variable added to it without a malformed case
 // here, or a reason why it has none, fails the first test.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <map>
@@ -158,21 +156,9 @@ TEST(EnvironmentValidation, BooleansAcceptTheUsualSpellingsInAnyCaseAndNothingEl
   }
 }
 
-int unused_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), len);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 TEST(EnvironmentValidation, LauncherStoreYesMeansTheLauncherHostsTheStoreNotRankZero) {
   const std::map<std::string, std::string> job = {{"MASTER_ADDR", "127.0.0.1"},
-                                                  {"MASTER_PORT", std::to_string(unused_port())},
+                                                  {"MASTER_PORT", std::to_string(comms::testing::free_loopback_port())},
                                                   {"COMMS_INIT_TIMEOUT", "1s"}};
   for (const char* off : {"0", "no", "False"}) {
     auto env = job;

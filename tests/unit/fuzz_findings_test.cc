@@ -132,5 +132,25 @@ TEST(FuzzFindings, GlooInterfaceAndHostnameHintsTogetherAreAnError) {
   EXPECT_TRUE(gloo.descriptor->explain_hints(parse_hints("interface=lo"), &json).is_ok());
 }
 
+// fuzz_gloo_hints: an empty hostname hint was reported instead of an
+// unknown key that sorted after it ("\310...bname"), so the unknown key
+// went unnamed; keys are now all checked before any value.
+TEST(FuzzFindings, AnUnknownGlooHintIsNamedEvenWhenAnEmptyHostnameSortsBeforeIt) {
+  const auto& gloo = internal::PluginRegistry::instance().get("gloo");
+  const std::string input =
+      "gloo.hostname=,"
+      "\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310\310"
+      "\310\310\310\310\310\310\310bname=,busy_poll=1y_\220\220\223\223\302\316\302\323";
+  Hints hints;  // as the target: the core removes the "gloo." prefix
+  for (const auto& [k, v] : parse_hints(input)) hints[k.starts_with("gloo.") ? k.substr(5) : k] = v;
+  std::string json;
+  const Status s = gloo.descriptor->explain_hints(hints, &json);
+  EXPECT_EQ(s.code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message.find("unknown gloo hint '\310\310"), std::string::npos) << s.message;
+  // An empty hint with only known keys is still an error of its own.
+  const Status empty = gloo.descriptor->explain_hints(parse_hints("hostname="), &json);
+  EXPECT_NE(empty.message.find("hint gloo.hostname is empty"), std::string::npos) << empty.message;
+}
+
 }  // namespace
 }  // namespace comms

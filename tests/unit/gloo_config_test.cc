@@ -77,6 +77,20 @@ TEST_F(GlooBindAddress, AnEmptyHintIsAnErrorNotTheDefault) {
   EXPECT_MENTIONS(creation_error("host-empty", {{"gloo.hostname", ""}}), "hint gloo.hostname is empty");
 }
 
+TEST_F(GlooBindAddress, AHintWithANulOrControlByteIsRefusedNotCheckedOnItsCutCString) {
+  // "127.0.0.1" and "lo" pass the checks; what follows the NUL used to be
+  // ignored by getaddrinfo / the interface lookup, so these were accepted.
+  const std::string host_nul("127.0.0.1\0.evil", 15);
+  EXPECT_MENTIONS(creation_error("host-nul", {{"gloo.hostname", host_nul}}),
+                  "hint gloo.hostname='127.0.0.1\\x00.evil' contains a control character");
+  EXPECT_MENTIONS(creation_error("iface-nul", {{"gloo.interface", std::string("lo\0x", 4)}}),
+                  "hint gloo.interface='lo\\x00x' contains a control character");
+  EXPECT_MENTIONS(creation_error("host-newline", {{"gloo.hostname", "localhost\n"}}),
+                  "hint gloo.hostname='localhost\\x0a' contains a control character");
+  EXPECT_MENTIONS(creation_error("iface-tab", {{"gloo.interface", "lo\t"}}),
+                  "hint gloo.interface='lo\\x09' contains a control character");
+}
+
 TEST_F(GlooBindAddress, InterfaceAndHostNameHintsTogetherAreAnErrorNotOneSilentlyWinning) {
   EXPECT_MENTIONS(creation_error("both", {{"gloo.interface", "lo"}, {"gloo.hostname", "127.0.0.1"}}),
                   "hints gloo.interface='lo' and gloo.hostname='127.0.0.1' are both given; give one");

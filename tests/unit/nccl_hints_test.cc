@@ -110,6 +110,14 @@ TEST(NcclHints, MinCtasAboveMaxCtasIsRejectedNamingBoth) {
   translate_ok({{"min_ctas", "8"}, {"max_ctas", "8"}});
 }
 
+TEST(NcclHints, AKeyGivenBareAndPrefixedIsRejectedNotOneSilentlyWinning) {
+  // Before, the map's order made nccl.max_ctas=9 win without a word.
+  Status s = translate_err({{"max_ctas", "8"}, {"nccl.max_ctas", "9"}});
+  ASSERT_EQ(s.code, ErrorCode::kInvalidArgument) << s.message;
+  EXPECT_NE(s.message.find("max_ctas=8 and nccl.max_ctas=9 both set max_ctas; give it once"), std::string::npos)
+      << s.message;
+}
+
 TEST(NcclHints, UnknownKeyErrorListsTheKnownKeys) {
   Status s = translate_err({{"no_such_key", "1"}});
   EXPECT_NE(s.message.find("no_such_key"), std::string::npos);

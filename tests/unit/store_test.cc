@@ -22,6 +22,7 @@
 #include "comms/store.h"
 #include "store_tcp.h"
 #include "store_wire.h"
+#include "subprocess.h"
 
 namespace comms {
 namespace {
@@ -59,12 +60,6 @@ class TempDir {
  private:
   std::string path_;
 };
-
-// A port that nothing listens on right now (bound by a server, then freed).
-uint16_t unused_port() {
-  TcpStoreServer server("127.0.0.1", 0);
-  return server.port();
-}
 
 // ---------------------------------------------------------------------------
 // Wire codec
@@ -204,7 +199,7 @@ std::string kind_name(Kind kind) {
   return "?";
 }
 
-class EveryStore : public testing::TestWithParam<Kind> {
+class EveryStore : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override {
     if (GetParam() == Kind::kTcp || GetParam() == Kind::kPrefixedTcp) {
@@ -395,9 +390,9 @@ TEST_P(EveryStore, KeysWithSeparatorsAndOddBytesAreDistinct) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, EveryStore,
-                         testing::Values(Kind::kMemory, Kind::kFile, Kind::kTcp, Kind::kPrefixedMemory,
+                         ::testing::Values(Kind::kMemory, Kind::kFile, Kind::kTcp, Kind::kPrefixedMemory,
                                          Kind::kPrefixedTcp),
-                         [](const testing::TestParamInfo<Kind>& info) { return kind_name(info.param); });
+                         [](const ::testing::TestParamInfo<Kind>& info) { return kind_name(info.param); });
 
 // ---------------------------------------------------------------------------
 // Prefix store
@@ -428,7 +423,7 @@ TEST(PrefixStore, RejectsANullBase) {
 // TCP store
 
 TEST(TcpStore, AClientThatStartsBeforeTheServerConnectsOnceItIsUp) {
-  uint16_t port = unused_port();
+  const auto port = static_cast<uint16_t>(comms::testing::free_loopback_port());
   auto client = std::async(std::launch::async, [port] { return connect_tcp_store("127.0.0.1", port, 5s); });
   std::this_thread::sleep_for(300ms);
   TcpStoreServer server("127.0.0.1", port);
@@ -439,7 +434,7 @@ TEST(TcpStore, AClientThatStartsBeforeTheServerConnectsOnceItIsUp) {
 }
 
 TEST(TcpStore, ConnectingToNothingTimesOutNamingTheAddress) {
-  uint16_t port = unused_port();
+  const auto port = static_cast<uint16_t>(comms::testing::free_loopback_port());
   auto start = Clock::now();
   Error e = expect_error([&] { connect_tcp_store("127.0.0.1", port, 300ms); });
   int64_t waited = elapsed_ms(start);
