@@ -11,7 +11,7 @@
 #include "comms/store.h"
 #include "env.h"
 #include "log.h"
-#include "store_tcp.h"
+#include "store/store_tcp.h"
 
 namespace comms {
 

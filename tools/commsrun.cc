@@ -42,7 +42,7 @@
 #include "env.h"
 #include "comms/error.h"
 #include "comms/store.h"
-#include "store_auth.h"
+#include "store/store_auth.h"
 #include "strutil.h"
 
 extern char** environ;

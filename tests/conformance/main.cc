@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "device_memory.h"
-#include "dist_state.h"
+#include "dist/dist_state.h"
 #include "env.h"
 #include "harness.h"
 #include "plugin_registry.h"

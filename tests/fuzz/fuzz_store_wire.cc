@@ -1,4 +1,4 @@
-// The TCP store's wire format (core/store_wire.h), as the server and client
+// The TCP store's wire format (core/store/store_wire.h), as the server and client
 // meet it. The first byte picks a mode:
 //   0  a frame header of any length against a limit: the length decoded is
 //      exactly the little-endian u32 when 1..limit, else rejected;
@@ -15,7 +15,7 @@
 
 #include "comms/store.h"
 #include "fuzz_check.h"
-#include "store_wire.h"
+#include "store/store_wire.h"
 #include "strutil.h"
 
 namespace {

@@ -24,8 +24,8 @@
 
 #include "comms/error.h"
 #include "comms/store.h"
-#include "store_auth.h"
-#include "store_wire.h"
+#include "store/store_auth.h"
+#include "store/store_wire.h"
 
 namespace comms {
 namespace {

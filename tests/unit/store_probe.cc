@@ -8,7 +8,7 @@
 
 #include "comms/error.h"
 #include "comms/store.h"
-#include "store_tcp.h"  // core/, internal
+#include "store/store_tcp.h"  // core/, internal
 
 namespace {
 

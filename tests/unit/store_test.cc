@@ -20,8 +20,8 @@
 #include "asio.hpp"
 #include "comms/error.h"
 #include "comms/store.h"
-#include "store_tcp.h"
-#include "store_wire.h"
+#include "store/store_tcp.h"
+#include "store/store_wire.h"
 #include "subprocess.h"
 
 namespace comms {
