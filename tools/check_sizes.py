@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Keeps files and functions small enough to read.
+
+Fails when a source file under core/, backends/ or tools/ has more than
+MAX_FILE_LINES lines, or a function (as Universal Ctags sees it: start and end
+line of its body) more than MAX_FUNCTION_LINES, unless EXCEPTIONS below names
+it with the reason it must be long. Prints each violation, then one
+"N passed, N failed, N skipped" line (one case) for tools/run_tests.py.
+
+usage: check_sizes.py SOURCE_ROOT
+"""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+MAX_FILE_LINES = 800
+MAX_FUNCTION_LINES = 100
+CHECKED_DIRS = ("core", "backends", "tools")
+SUFFIXES = {".cc", ".h", ".c", ".cpp", ".py"}
+
+# "path" or "path:function" -> why it must stay long. Keep this short.
+EXCEPTIONS: dict[str, str] = {}
+
+
+def sources(root: Path):
+    for d in CHECKED_DIRS:
+        for p in sorted((root / d).rglob("*")):
+            if p.is_file() and p.suffix in SUFFIXES:
+                yield p
+
+
+def long_functions(root: Path, files):
+    out = subprocess.run(
+        ["ctags", "-x", "--output-format=json", "--fields=+ne", "--kinds-C++=f",
+         "--kinds-C=f", "--kinds-Python=fm", "-f", "-", *map(str, files)],
+        cwd=root, check=True, capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        tag = json.loads(line)
+        if "end" not in tag:
+            continue
+        length = tag["end"] - tag["line"] + 1
+        if length > MAX_FUNCTION_LINES:
+            scope = tag.get("scope", "")
+            name = f"{scope}::{tag['name']}" if scope else tag["name"]
+            yield tag["path"], tag["line"], name, length
+
+
+def main() -> int:
+    root = Path(sys.argv[1]).resolve()
+    if shutil.which("ctags") is None:
+        print("check_sizes: ctags (Debian universal-ctags) not found; tools/dev installs it")
+        print("0 passed, 0 failed, 1 skipped")
+        return 0
+    files = list(sources(root))
+    problems = []
+    for p in files:
+        rel = str(p.relative_to(root))
+        n = sum(1 for _ in p.open(encoding="utf-8", errors="replace"))
+        if n > MAX_FILE_LINES and rel not in EXCEPTIONS:
+            problems.append(f"{rel}: {n} lines (limit {MAX_FILE_LINES}): split it along its seams")
+    rels = [p.relative_to(root) for p in files]
+    for path, line, name, length in long_functions(root, rels):
+        short = name.split("::")[-1]
+        if f"{path}:{short}" in EXCEPTIONS or f"{path}:{name}" in EXCEPTIONS:
+            continue
+        problems.append(f"{path}:{line}: {name} is {length} lines (limit {MAX_FUNCTION_LINES})")
+    for p in problems:
+        print(p)
+    print(f"checked {len(files)} files; {len(problems)} over the limits")
+    print(f"{0 if problems else 1} passed, {1 if problems else 0} failed, 0 skipped")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
