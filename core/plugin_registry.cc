@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 
 #include "strutil.h"
@@ -47,6 +48,33 @@ std::string env_lib_variable(std::string_view name) {
   return str::cat(kLibVariablePrefix, str::upper(name));
 }
 
+// "2.0"; the unversioned ABI 1 (no minor, no struct_size) prints as "1".
+std::string abi_string(uint32_t v) {
+  if (plugin::abi_major(v) == 0) return std::to_string(v);
+  return str::cat(plugin::abi_major(v), ".", plugin::abi_minor(v));
+}
+
+// Why a plugin declaring `v` is refused, or "" when it is accepted: the same
+// major, and a minor this libcomms knows (a newer plugin may rely on what
+// this libcomms does not provide).
+std::string abi_refusal(uint32_t v) {
+  const std::string ours = abi_string(COMMS_PLUGIN_ABI_VERSION);
+  if (plugin::abi_major(v) != COMMS_PLUGIN_ABI_MAJOR) {
+    return str::cat("was built for plugin ABI version ", abi_string(v),
+                    ", but this libcomms implements ABI version ", ours,
+                    " (a different major is incompatible); rebuild the plugin against this "
+                    "version's include/comms/plugin.h");
+  }
+  if (plugin::abi_minor(v) > COMMS_PLUGIN_ABI_MINOR) {
+    return str::cat("was built for plugin ABI version ", abi_string(v),
+                    ", newer than this libcomms' ABI version ", ours,
+                    " (it accepts ", COMMS_PLUGIN_ABI_MAJOR, ".0 to ", ours,
+                    "); use a newer libcomms or build the plugin against this one's "
+                    "include/comms/plugin.h");
+  }
+  return {};
+}
+
 }  // namespace
 
 PluginRegistry& PluginRegistry::instance() {
@@ -83,8 +111,8 @@ std::string PluginRegistry::find_file(std::string_view name) const {
   return {};
 }
 
-const LoadedPlugin& PluginRegistry::load_locked(const std::string& expected_name,
-                                                const std::string& path) {
+LoadedPlugin* PluginRegistry::open_locked(const std::string& expected_name,
+                                         const std::string& path) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
@@ -95,39 +123,56 @@ const LoadedPlugin& PluginRegistry::load_locked(const std::string& expected_name
   if (entry == nullptr) {
     throw Error(ErrorCode::kInvalidArgument,
                 str::cat("'", path, "' is not a comms plugin: it does not export ",
-                             COMMS_PLUGIN_ENTRY_SYMBOL));
+                         COMMS_PLUGIN_ENTRY_SYMBOL, " (with hidden visibility, declare it "
+                         "COMMS_PLUGIN_EXPORT)"));
   }
   const plugin::PluginDescriptor* d = entry();
   if (d == nullptr) {
     throw Error(ErrorCode::kInvalidArgument,
                 str::cat("plugin '", path, "' returned no descriptor"));
   }
-  if (d->abi_version != COMMS_PLUGIN_ABI_VERSION) {
-    throw Error(ErrorCode::kInvalidArgument,
-                str::cat("plugin '", path, "' was built for plugin ABI version ",
-                             d->abi_version, ", but this libcomms implements ABI version ",
-                             COMMS_PLUGIN_ABI_VERSION, "; rebuild the plugin against this "
-                             "version's include/comms/plugin.h"));
+  // abi_version is the one word every ABI version has at offset 0; read it
+  // before anything else.
+  if (const std::string refused = abi_refusal(d->abi_version); !refused.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, str::cat("plugin '", path, "' ", refused));
   }
-  if (d->name == nullptr || d->create == nullptr) {
+  if (d->struct_size < plugin::kMinDescriptorSize) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("plugin '", path, "' declares a descriptor of ", d->struct_size,
+                         " bytes, smaller than the ", plugin::kMinDescriptorSize,
+                         " bytes of ABI ", abi_string(d->abi_version), "'s required entries"));
+  }
+  auto loaded = std::make_unique<LoadedPlugin>();
+  // Only the prefix the plugin declared: entries past it stay null (absent).
+  std::memcpy(&loaded->entries, d, std::min<size_t>(d->struct_size, sizeof(plugin::PluginDescriptor)));
+  loaded->descriptor = &loaded->entries;
+  const plugin::PluginDescriptor& e = loaded->entries;
+  if (e.name == nullptr || e.create == nullptr) {
     throw Error(ErrorCode::kInvalidArgument,
                 str::cat("plugin '", path, "' has an incomplete descriptor (no name or create)"));
   }
-  const std::string name = str::lower(d->name);
-  if (!expected_name.empty() && name != expected_name) {
+  loaded->name = str::lower(e.name);
+  if (!expected_name.empty() && loaded->name != expected_name) {
     throw Error(ErrorCode::kInvalidArgument,
-                str::cat("plugin file '", path, "' provides backend '", name,
-                             "', not the requested '", expected_name, "'"));
+                str::cat("plugin file '", path, "' provides backend '", loaded->name,
+                         "', not the requested '", expected_name, "'"));
   }
-  auto [it, inserted] = loaded_.try_emplace(name, LoadedPlugin{name, path, d});
-  return it->second;
+  loaded->path = path;
+  entries_.push_back(std::move(loaded));
+  return entries_.back().get();
+}
+
+const LoadedPlugin& PluginRegistry::load_locked(const std::string& expected_name,
+                                                const std::string& path) {
+  LoadedPlugin* p = open_locked(expected_name, path);
+  return *by_name_.try_emplace(p->name, p).first->second;
 }
 
 const LoadedPlugin& PluginRegistry::get(std::string_view raw_name) {
   const std::string name = str::lower(raw_name);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = loaded_.find(name); it != loaded_.end()) return it->second;
+    if (auto it = by_name_.find(name); it != by_name_.end()) return *it->second;
     const std::string path = find_file(name);
     if (!path.empty()) {
       const std::string variable = env_lib_variable(name);
@@ -152,20 +197,17 @@ const LoadedPlugin& PluginRegistry::get(std::string_view raw_name) {
 
 const LoadedPlugin& PluginRegistry::load_file(const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [name, p] : loaded_) {
-    if (p.path == path) return p;
+  for (const auto& p : entries_) {
+    if (p->path == path) {
+      by_name_[p->name] = p.get();
+      return *p;
+    }
   }
-  // Load under its own name, replacing any earlier plugin of that name for
-  // later lookups (the old one stays mapped: plugins are never unloaded).
-  void* probe = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (probe == nullptr) {
-    const char* why = dlerror();
-    throw Error(ErrorCode::kNotFound,
-                str::cat("cannot load plugin '", path, "': ", why ? why : "unknown error"));
-  }
-  auto entry = reinterpret_cast<comms_plugin_entry_fn>(dlsym(probe, COMMS_PLUGIN_ENTRY_SYMBOL));
-  if (entry && entry() && entry()->name) loaded_.erase(str::lower(entry()->name));
-  return load_locked("", path);
+  // Under its own name, for later lookups; an earlier entry of that name is
+  // only unmapped, never freed (live comms point to it).
+  LoadedPlugin* p = open_locked("", path);
+  by_name_[p->name] = p;
+  return *p;
 }
 
 std::vector<DiscoveredPlugin> PluginRegistry::discover() {
@@ -173,8 +215,8 @@ std::vector<DiscoveredPlugin> PluginRegistry::discover() {
   std::set<std::string> seen;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [name, p] : loaded_) {
-      if (seen.insert(name).second) candidates.emplace_back(name, p.path);
+    for (const auto& [name, p] : by_name_) {
+      if (seen.insert(name).second) candidates.emplace_back(name, p->path);
     }
   }
   for (auto& [variable, path] : env::with_prefix(kLibVariablePrefix)) {
@@ -201,8 +243,8 @@ std::vector<DiscoveredPlugin> PluginRegistry::discover() {
     DiscoveredPlugin p{name, path, nullptr, {}};
     try {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = loaded_.find(name);
-      p.descriptor = it != loaded_.end() ? it->second.descriptor : load_locked(name, path).descriptor;
+      auto it = by_name_.find(name);
+      p.descriptor = it != by_name_.end() ? it->second->descriptor : load_locked(name, path).descriptor;
     } catch (const Error& e) {
       p.error = e.what();
     }

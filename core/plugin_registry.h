@@ -5,6 +5,7 @@
 // unloaded.
 #pragma once
 
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -16,10 +17,22 @@
 
 namespace comms::internal {
 
+// One loaded plugin. Never freed or moved once created: comms keep a
+// pointer to it for their whole life.
 struct LoadedPlugin {
   std::string name;
   std::string path;
+  // The plugin's descriptor as this libcomms reads it: the prefix the
+  // plugin's struct_size covers, entries past it null (absent). Points into
+  // `entries`; abi_version and struct_size are the plugin's own, so a
+  // Backend method added in minor N is called only when
+  // plugin::abi_minor(descriptor->abi_version) >= N.
   const plugin::PluginDescriptor* descriptor = nullptr;
+  plugin::PluginDescriptor entries;
+
+  LoadedPlugin() = default;
+  LoadedPlugin(const LoadedPlugin&) = delete;
+  LoadedPlugin& operator=(const LoadedPlugin&) = delete;
 };
 
 struct DiscoveredPlugin {
@@ -52,14 +65,19 @@ class PluginRegistry {
   std::string find_file(std::string_view name) const;
 
   // Loads a plugin from an exact file (comms-conformance --plugin). Its name
-  // comes from its descriptor; it wins over the search path afterwards.
+  // comes from its descriptor; it wins over the search path afterwards (an
+  // earlier plugin of that name stays loaded for the comms that use it).
   const LoadedPlugin& load_file(const std::string& path);
 
  private:
+  // Opens and checks the file, adds a new entry (never replacing one) and
+  // returns it; the caller decides whether it becomes the one for its name.
+  LoadedPlugin* open_locked(const std::string& expected_name, const std::string& path);
   const LoadedPlugin& load_locked(const std::string& name, const std::string& path);
 
   std::mutex mu_;
-  std::unordered_map<std::string, LoadedPlugin> loaded_;
+  std::vector<std::unique_ptr<LoadedPlugin>> entries_;      // owns every entry, forever
+  std::unordered_map<std::string, LoadedPlugin*> by_name_;  // which entry a name means now
 };
 
 }  // namespace comms::internal

@@ -22,16 +22,14 @@ Status explain(const comms::Hints& hints, std::string* json) {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const PluginDescriptor* comms_plugin_entry() {
+extern "C" COMMS_PLUGIN_EXPORT const PluginDescriptor* comms_plugin_entry() {
   static const PluginDescriptor descriptor = {
-      COMMS_PLUGIN_ABI_VERSION,
-      "gloo",
-      COMMS_GLOO_VERSION,
-      comms::plugin::device_bit(comms::DeviceType::kCpu),
-      comms::gloo_backend::kHintKeys,
-      /*device_count=*/nullptr,
-      comms::gloo_backend::create_backend,
-      explain,
+      .name = "gloo",
+      .version = COMMS_GLOO_VERSION,
+      .device_types = comms::plugin::device_bit(comms::DeviceType::kCpu),
+      .hint_keys = comms::gloo_backend::kHintKeys,
+      .create = comms::gloo_backend::create_backend,
+      .explain_hints = explain,
   };
   return &descriptor;
 }

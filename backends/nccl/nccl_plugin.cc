@@ -48,14 +48,13 @@ const std::string& linked_version() {
 extern "C" __attribute__((visibility("default"))) const comms::plugin::PluginDescriptor*
 comms_plugin_entry() {
   static const comms::plugin::PluginDescriptor descriptor = {
-      COMMS_PLUGIN_ABI_VERSION,
-      "nccl",
-      linked_version().c_str(),
-      comms::plugin::device_bit(comms::DeviceType::kCuda),
-      comms::nccl::kHintKeys,
-      cuda_device_count,
-      create,
-      explain,
+      .name = "nccl",
+      .version = linked_version().c_str(),
+      .device_types = comms::plugin::device_bit(comms::DeviceType::kCuda),
+      .hint_keys = comms::nccl::kHintKeys,
+      .create = create,
+      .device_count = cuda_device_count,
+      .explain_hints = explain,
   };
   return &descriptor;
 }

@@ -1,12 +1,44 @@
 // The backend plugin ABI. A backend is a shared module named
 // libcomms-<name>.so that exports one C symbol, comms_plugin_entry, returning
 // a PluginDescriptor. Everything a plugin needs is in this header and the
-// headers it includes; a plugin does not link libcomms.
+// headers it includes; a plugin does not link libcomms (build it with
+// `pkg-config --cflags comms-plugin` and -Wl,--no-undefined). docs/PLUGINS.md
+// is the author's guide.
 //
-// Versioning: abi_version is the first field of the descriptor and never
-// moves. libcomms refuses a plugin whose abi_version differs from its own
-// COMMS_PLUGIN_ABI_VERSION, naming both. Any change to the types below bumps
-// the version. Plugins are never unloaded.
+// Versioning (NCCL-style, see PluginDescriptor):
+// - The descriptor starts with abi_version and struct_size; those two never
+//   move. abi_version is (major << 16) | minor.
+// - Major: any change that moves or retypes something a plugin already uses
+//   (a field, a virtual method, an enum value, a type below or in the headers
+//   this one includes). libcomms refuses every other major, naming both.
+// - Minor: additions only, at the end: a descriptor entry, a field of
+//   OpDesc/BackendInit/SplitDesc (libcomms creates those and passes them by
+//   reference; an older plugin reads the prefix it knows), or a virtual
+//   method of Backend/Work with a default body. libcomms accepts plugins of
+//   its major with a minor up to its own; a newer minor is refused, naming
+//   both (the plugin may rely on fields this libcomms does not fill).
+// - Descriptor entries: libcomms reads an entry only when the plugin's
+//   struct_size covers it; entries past it count as absent (null). Entries
+//   before kMinDescriptorSize are required.
+// - A virtual method added to Backend in minor N is called only on backends
+//   whose plugin declared a minor >= N (an older plugin's vtable has no such
+//   slot); libcomms falls back to the behaviour of the default body.
+// Plugins are never unloaded.
+//
+// Toolchain contract: the ABI is C++. The descriptor is plain C data, but the
+// Backend interface passes std::string, std::map (Hints), std::span,
+// std::shared_ptr<Store>, std::unique_ptr and vtables, and Status carries a
+// std::string. So a plugin must be built with
+// - libstdc++ with the C++11 string ABI (_GLIBCXX_USE_CXX11_ABI=1, the
+//   default since GCC 5); libc++ (clang -stdlib=libc++) does not work;
+// - g++ of the same major as libcomms is what the project tests (g++ 12). A
+//   newer g++ works when its libstdc++.so is the one the process loads
+//   (libstdc++ keeps these types' layouts stable across majors); clang with
+//   libstdc++ works the same way;
+// - -std=c++20 (std::span) and default packing and alignment.
+// Memory crosses the boundary only through these types, whose destructors
+// run in the code that compiled them inline: each side frees what it owns
+// (a Backend or Work is destroyed through its virtual destructor).
 //
 // Errors: plugin functions return comms::Status and never throw across this
 // boundary (libcomms also catches, and reports a throw as kInternal).
@@ -16,32 +48,43 @@
 // hints, and names comms, ops and ranks in error messages. A backend moves
 // the data, enforces timeouts, and reports failures.
 //
-// Minimal plugin:
+// Minimal plugin (build with hidden visibility; the export macro keeps the
+// entry visible, without it libcomms cannot find the symbol):
 //   static comms::Status create(const comms::plugin::BackendInit&,
 //                               std::unique_ptr<comms::plugin::Backend>*);
 //   static const char* const kHintKeys[] = {nullptr};
-//   extern "C" const comms::plugin::PluginDescriptor* comms_plugin_entry() {
+//   extern "C" COMMS_PLUGIN_EXPORT const comms::plugin::PluginDescriptor* comms_plugin_entry() {
 //     static const comms::plugin::PluginDescriptor d = {
-//         COMMS_PLUGIN_ABI_VERSION, "mybackend", "1.0",
-//         comms::plugin::device_bit(comms::DeviceType::kCpu), kHintKeys,
-//         /*device_count=*/nullptr, create, /*explain_hints=*/nullptr};
+//         .name = "mybackend",
+//         .version = "1.0",
+//         .device_types = comms::plugin::device_bit(comms::DeviceType::kCpu),
+//         .hint_keys = kHintKeys,
+//         .create = create,
+//     };  // abi_version and struct_size default to this header's
 //     return &d;
 //   }
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "comms/error.h"
 #include "comms/options.h"
 #include "comms/store.h"
 #include "comms/types.h"
 
-#define COMMS_PLUGIN_ABI_VERSION 1u
+// 2.0: the first growable ABI (1 had no struct_size and no minor).
+#define COMMS_PLUGIN_ABI_MAJOR 2u
+#define COMMS_PLUGIN_ABI_MINOR 0u
+#define COMMS_PLUGIN_ABI_VERSION ((COMMS_PLUGIN_ABI_MAJOR << 16) | COMMS_PLUGIN_ABI_MINOR)
 #define COMMS_PLUGIN_ENTRY_SYMBOL "comms_plugin_entry"
+// Put on comms_plugin_entry: plugins are built with hidden visibility.
+#define COMMS_PLUGIN_EXPORT __attribute__((visibility("default")))
 
 namespace comms::plugin {
 
@@ -192,21 +235,43 @@ class Backend {
   virtual int64_t device_memory_used() const { return -1; }
 };
 
+// Plain C data, read by libcomms through the prefix the plugin's struct_size
+// covers. New entries are only ever appended (with a minor bump).
 struct PluginDescriptor {
-  uint32_t abi_version;  // COMMS_PLUGIN_ABI_VERSION; must stay the first field
-  const char* name;      // lower case, e.g. "gloo"
-  const char* version;   // of the plugin and the library it wraps
-  uint32_t device_types; // bitmask of device_bit(DeviceType)
+  // These two never move. Left out of a designated initializer, they take
+  // this header's values.
+  uint32_t abi_version = COMMS_PLUGIN_ABI_VERSION;
+  uint32_t struct_size = sizeof(PluginDescriptor);
+
+  // Required (ABI 2.0).
+  const char* name = nullptr;     // lower case, e.g. "gloo"
+  const char* version = nullptr;  // of the plugin and the library it wraps
+  uint32_t device_types = 0;      // bitmask of device_bit(DeviceType)
   // Hint keys the backend accepts (without prefix); null-terminated.
-  const char* const* hint_keys;
-  // Devices of `type` usable now (0 if none). Null: 1 for every supported type.
-  int (*device_count)(DeviceType type);
-  Status (*create)(const BackendInit& init, std::unique_ptr<Backend>* out);
-  // Optional dry run: the effective configuration the hints would give, as a
-  // JSON object, without creating a backend or touching a device. Rejects
+  const char* const* hint_keys = nullptr;
+  Status (*create)(const BackendInit& init, std::unique_ptr<Backend>* out) = nullptr;
+
+  // Optional (ABI 2.0): null, or past the plugin's struct_size, means absent.
+  // Devices of `type` usable now (0 if none). Absent: 1 for every supported type.
+  int (*device_count)(DeviceType type) = nullptr;
+  // Dry run: the effective configuration the hints would give, as a JSON
+  // object, without creating a backend or touching a device. Rejects
   // invalid hints with the reason.
-  Status (*explain_hints)(const Hints& hints, std::string* json);
+  Status (*explain_hints)(const Hints& hints, std::string* json) = nullptr;
+
+  // Append new entries here.
 };
+
+// The smallest struct_size libcomms accepts: through the required entries.
+inline constexpr uint32_t kMinDescriptorSize =
+    offsetof(PluginDescriptor, create) + sizeof(PluginDescriptor::create);
+
+static_assert(std::is_standard_layout_v<PluginDescriptor> &&
+              std::is_trivially_copyable_v<PluginDescriptor>,
+              "the descriptor is C data: libcomms copies the prefix a plugin declares");
+
+inline constexpr uint32_t abi_major(uint32_t abi_version) { return abi_version >> 16; }
+inline constexpr uint32_t abi_minor(uint32_t abi_version) { return abi_version & 0xffffu; }
 
 }  // namespace comms::plugin
 

@@ -14,6 +14,7 @@
 
 #include "comms/comms.h"
 #include "device_memory.h"
+#include "op_oracle.h"
 
 namespace comms::conformance {
 
@@ -72,19 +73,15 @@ class Buf {
   mutable bool device_changed_ = false;  // a view handed out since the last read-back
 };
 
-// The values rank r puts at index i for reduction `kind`, chosen so that every
-// partial result a backend can form (in any order) is exact in the type; only
-// avg's final division rounds. They stay small so no sum wraps; products
-// (powers of two) may wrap, which expected_reduction reproduces.
-double reduce_input(DataType t, ReduceKind kind, int r, size_t i);
-// The reduction of reduce_input over ranks 0..size-1 at index i.
-double expected_reduction(DataType t, const ReduceOp& op, int size, size_t i);
-// A value that identifies (rank, index) as far as the type can, for data
-// movement ops; exact in every type.
-double data_value(DataType t, int r, size_t i);
+// Input values, expectations and tolerances: the oracle the mp op tests
+// share (tests/support/op_oracle.h).
+using oracle::all_data_types;
+using oracle::data_value;
+using oracle::expected_reduction;
+using oracle::reduce_input;
+using oracle::reductions_for;
+using oracle::tolerance;
 
-std::vector<ReduceOp> reductions_for(DataType t);
-std::vector<DataType> all_data_types();
 std::string reduce_name(const ReduceOp& op);  // "sum", "premul_sum"
 
 // What one case is being checked for, named in every failure message.
@@ -123,8 +120,6 @@ class Checker {
   int group_rank_;
   std::string first_failure_;
 };
-
-double tolerance(DataType t);
 
 // The group a case runs on, from this rank's point of view.
 struct Group {

@@ -35,7 +35,7 @@ std::vector<int> iota_ranks(int n) {
   return v;
 }
 
-class Lifecycle : public ::testing::Test {
+class LifecycleAcrossRanks : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     InitOptions init;
@@ -51,7 +51,7 @@ int64_t sum_of_ranks_in(Group& g) {
   return v;
 }
 
-TEST_F(Lifecycle, OffloadAndReloadKeepEverySpecAndDescriptionAndResult) {
+TEST_F(LifecycleAcrossRanks, OffloadAndReloadKeepEverySpecAndDescriptionAndResult) {
   Group w = world();
   const int n = w.size();
   GroupOptions o;
@@ -112,7 +112,7 @@ TEST_F(Lifecycle, OffloadAndReloadKeepEverySpecAndDescriptionAndResult) {
   w->barrier();
 }
 
-TEST_F(Lifecycle, FiftyCyclesKeepFileDescriptorsAndMemoryStable) {
+TEST_F(LifecycleAcrossRanks, FiftyCyclesKeepFileDescriptorsAndMemoryStable) {
   Group w = world();
   Group g = new_group(iota_ranks(w.size()));
   long fds_at_5 = 0, rss_at_5 = 0;

@@ -1,6 +1,7 @@
 // Every op x dtype x reduce op over Gloo, run under commsrun at several world
 // sizes. Each rank checks its results against closed-form expectations:
-// exactly for integers and bool, within a dtype tolerance for floating types.
+// exactly for integers and bool, within a dtype tolerance for floating types
+// (the oracle of tests/support/op_oracle.h, shared with the conformance suite).
 // Checks use EXPECT (never ASSERT) so every rank issues the same collectives
 // even after a failure.
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 
 #include "comms/comms.h"
 #include "comms/numeric.h"
+#include "op_oracle.h"
 
 namespace comms {
 namespace {
@@ -27,11 +29,9 @@ std::shared_ptr<Comm>& world() {
   return w;
 }
 
-std::vector<DataType> all_types() {
-  std::vector<DataType> t;
-  for (int i = 0; i < kNumDataTypes; ++i) t.push_back(static_cast<DataType>(i));
-  return t;
-}
+using oracle::data_value;
+using oracle::expected_reduction;
+using oracle::reduce_input;
 
 // A typed byte buffer.
 struct Buf {
@@ -44,117 +44,22 @@ struct Buf {
     return {bytes.data() + offset * element_size(dtype), n, dtype, Device::cpu()};
   }
   double get(size_t i) const { return numeric::load_as_double(bytes.data(), dtype, i); }
-  void set(size_t i, double v) { numeric::store_from_double(bytes.data(), dtype, i, v); }
+  void set(size_t i, double v) { oracle::store(bytes.data(), dtype, i, v); }
 };
-
-// The value rank r contributes at index i. Chosen so that every partial sum
-// and product a ring can form is exact in the type: then only the final
-// rounding differs from the closed form. (fp8 has 2-3 mantissa bits; its
-// values stay 1 or 2 so partial sums stay at most 8.)
-double value(DataType t, int r, size_t i) {
-  if (t == DataType::kBool) return double((r + i) % 2);
-  if (t == DataType::kFloat8E4M3 || t == DataType::kFloat8E5M2) return double(1 + (r + i) % 2);
-  return double((r + 1) + (i % 3));
-}
-
-double tolerance(DataType t) {
-  switch (t) {
-    case DataType::kFloat16: return 2e-3;
-    case DataType::kBfloat16: return 1.6e-2;
-    case DataType::kFloat8E4M3: return 0.07;
-    case DataType::kFloat8E5M2: return 0.13;
-    case DataType::kFloat32: return 1e-6;
-    default: return 0;
-  }
-}
-
-// Wraps an exact integer result to the type, as two's complement hardware does.
-double wrap(DataType t, long double v) {
-  auto w = static_cast<int64_t>(std::llround(static_cast<double>(v)));
-  switch (t) {
-    case DataType::kInt8: return static_cast<int8_t>(w);
-    case DataType::kUint8: return static_cast<uint8_t>(w);
-    case DataType::kInt32: return static_cast<int32_t>(w);
-    case DataType::kUint32: return static_cast<uint32_t>(w);
-    case DataType::kInt64: return static_cast<double>(w);
-    case DataType::kUint64: return static_cast<double>(static_cast<uint64_t>(w));
-    default: return static_cast<double>(v);
-  }
-}
-
-// The reduction over every rank of value(t, r, i).
-double expected_reduction(DataType t, ReduceOp op, int size, size_t i) {
-  if (t == DataType::kBool) {
-    bool any = false, all = true, parity = false;
-    for (int r = 0; r < size; ++r) {
-      bool b = value(t, r, i) != 0;
-      any |= b;
-      all &= b;
-      parity ^= b;
-    }
-    switch (op.kind) {
-      case ReduceKind::kSum: case ReduceKind::kMax: case ReduceKind::kBor: return any;
-      case ReduceKind::kBxor: return parity;
-      default: return all;
-    }
-  }
-  long double sum = 0, prod = 1, mn = 1e300, mx = -1e300;
-  int64_t band = -1, bor = 0, bxor = 0;
-  for (int r = 0; r < size; ++r) {
-    const double v = value(t, r, i);
-    sum += v;
-    prod *= v;
-    mn = std::min<long double>(mn, v);
-    mx = std::max<long double>(mx, v);
-    band &= static_cast<int64_t>(v);
-    bor |= static_cast<int64_t>(v);
-    bxor ^= static_cast<int64_t>(v);
-  }
-  const bool integral = is_integral(t);
-  switch (op.kind) {
-    case ReduceKind::kSum: return wrap(t, sum);
-    case ReduceKind::kProduct: return wrap(t, prod);
-    case ReduceKind::kMin: return static_cast<double>(mn);
-    case ReduceKind::kMax: return static_cast<double>(mx);
-    case ReduceKind::kAvg:
-      return integral ? std::trunc(wrap(t, sum) / size) : static_cast<double>(sum / size);
-    case ReduceKind::kPremulSum:
-      return integral ? wrap(t, wrap(t, sum) * static_cast<int64_t>(op.scalar)) : static_cast<double>(sum * op.scalar);
-    case ReduceKind::kBand: return wrap(t, band);
-    case ReduceKind::kBor: return wrap(t, bor);
-    case ReduceKind::kBxor: return wrap(t, bxor);
-  }
-  return 0;
-}
 
 // Reports the first mismatch with everything needed to find it.
 void expect_values(const Buf& got, size_t offset, size_t n, const std::string& what,
                    const std::function<double(size_t)>& expect) {
-  const double tol = tolerance(got.dtype);
   for (size_t i = 0; i < n; ++i) {
-    double want = expect(i);
     // Round the expectation to the type so exact types compare exactly.
-    Buf rounded(got.dtype, 1);
-    rounded.set(0, want);
-    want = rounded.get(0);
+    const double want = oracle::round_to(got.dtype, expect(i));
     const double have = got.get(offset + i);
-    const bool ok = tol == 0 ? have == want : std::fabs(have - want) <= tol * std::max(1.0, std::fabs(want));
-    if (!ok) {
+    if (!oracle::matches(got.dtype, want, have)) {
       ADD_FAILURE() << "rank " << world()->rank() << " " << what << " dtype " << to_string(got.dtype)
                     << ": first mismatch at index " << i << ": expected " << want << ", got " << have;
       return;
     }
   }
-}
-
-std::vector<ReduceOp> ops_for(DataType t) {
-  std::vector<ReduceOp> ops;
-  for (int k = 0; k < kNumReduceKinds; ++k) {
-    auto kind = static_cast<ReduceKind>(k);
-    if (!reduction_defined(t, kind)) continue;
-    ops.push_back(kind == ReduceKind::kPremulSum ? ReduceOp::premul_sum(2.0) : ReduceOp(kind));
-  }
-  return ops;
 }
 
 std::string label(const char* op, const ReduceOp& r, size_t count, bool in_place, int root = -1) {
@@ -166,19 +71,19 @@ std::string label(const char* op, const ReduceOp& r, size_t count, bool in_place
 
 TEST(Ops, AllReduceEveryDtypeAndReduceOpInAndOutOfPlace) {
   auto& w = *world();
-  for (DataType t : all_types()) {
-    for (const ReduceOp& op : ops_for(t)) {
+  for (DataType t : oracle::all_data_types()) {
+    for (const ReduceOp& op : oracle::reductions_for(t)) {
       for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000)}) {
         for (bool in_place : {true, false}) {
           Buf in(t, count), out(t, count);
-          for (size_t i = 0; i < count; ++i) in.set(i, value(t, w.rank(), i));
+          for (size_t i = 0; i < count; ++i) in.set(i, reduce_input(t, op.kind, w.rank(), i));
           if (in_place) w.all_reduce(in.view(), op);
           else w.all_reduce(in.view(), out.view(), op);
           expect_values(in_place ? in : out, 0, count, label("all_reduce", op, count, in_place),
                         [&](size_t i) { return expected_reduction(t, op, w.size(), i); });
           if (!in_place) {
             expect_values(in, 0, count, "all_reduce left its input intact",
-                          [&](size_t i) { return value(t, w.rank(), i); });
+                          [&](size_t i) { return reduce_input(t, op.kind, w.rank(), i); });
           }
         }
       }
@@ -188,12 +93,12 @@ TEST(Ops, AllReduceEveryDtypeAndReduceOpInAndOutOfPlace) {
 
 TEST(Ops, ReduceToEveryRoot) {
   auto& w = *world();
-  for (DataType t : all_types()) {
-    for (const ReduceOp& op : ops_for(t)) {
+  for (DataType t : oracle::all_data_types()) {
+    for (const ReduceOp& op : oracle::reductions_for(t)) {
       for (int root = 0; root < w.size(); ++root) {
         const size_t count = 5;
         Buf in(t, count), out(t, count);
-        for (size_t i = 0; i < count; ++i) in.set(i, value(t, w.rank(), i));
+        for (size_t i = 0; i < count; ++i) in.set(i, reduce_input(t, op.kind, w.rank(), i));
         w.reduce(in.view(), out.view(), root, op);
         if (w.rank() == root) {
           expect_values(out, 0, count, label("reduce", op, count, false, root),
@@ -206,14 +111,14 @@ TEST(Ops, ReduceToEveryRoot) {
 
 TEST(Ops, BroadcastFromEveryRoot) {
   auto& w = *world();
-  for (DataType t : all_types()) {
+  for (DataType t : oracle::all_data_types()) {
     for (int root = 0; root < w.size(); ++root) {
       for (size_t count : {size_t(1), size_t(33)}) {
         Buf b(t, count);
-        for (size_t i = 0; i < count; ++i) b.set(i, value(t, w.rank(), i));
+        for (size_t i = 0; i < count; ++i) b.set(i, data_value(t, w.rank(), i));
         w.broadcast(b.view(), root);
         expect_values(b, 0, count, label("broadcast", ReduceOp(), count, true, root),
-                      [&](size_t i) { return value(t, root, i); });
+                      [&](size_t i) { return data_value(t, root, i); });
       }
     }
   }
@@ -222,16 +127,16 @@ TEST(Ops, BroadcastFromEveryRoot) {
 TEST(Ops, AllGatherContiguousListAndInPlace) {
   auto& w = *world();
   const int n = w.size();
-  for (DataType t : all_types()) {
+  for (DataType t : oracle::all_data_types()) {
     for (size_t count : {size_t(0), size_t(1), size_t(9)}) {
       Buf in(t, count), out(t, count * n);
-      for (size_t i = 0; i < count; ++i) in.set(i, value(t, w.rank(), i));
+      for (size_t i = 0; i < count; ++i) in.set(i, data_value(t, w.rank(), i));
       w.all_gather(in.view(), out.view());
-      auto expect = [&](size_t j) { return value(t, int(j / std::max<size_t>(count, 1)), j % std::max<size_t>(count, 1)); };
+      auto expect = [&](size_t j) { return data_value(t, int(j / std::max<size_t>(count, 1)), j % std::max<size_t>(count, 1)); };
       expect_values(out, 0, count * n, label("all_gather", ReduceOp(), count, false), expect);
 
       Buf inplace(t, count * n);
-      for (size_t i = 0; i < count; ++i) inplace.set(w.rank() * count + i, value(t, w.rank(), i));
+      for (size_t i = 0; i < count; ++i) inplace.set(w.rank() * count + i, data_value(t, w.rank(), i));
       w.all_gather(inplace.view(w.rank() * count, count), inplace.view());
       expect_values(inplace, 0, count * n, label("all_gather", ReduceOp(), count, true), expect);
 
@@ -242,7 +147,7 @@ TEST(Ops, AllGatherContiguousListAndInPlace) {
       w.all_gather(in.view(), views);
       for (int r = 0; r < n; ++r) {
         expect_values(parts[r], 0, count, "all_gather list part " + std::to_string(r),
-                      [&](size_t i) { return value(t, r, i); });
+                      [&](size_t i) { return data_value(t, r, i); });
       }
     }
   }
@@ -254,14 +159,14 @@ TEST(Ops, AllGatherVWithUnequalCounts) {
   std::vector<size_t> counts(n);
   for (int r = 0; r < n; ++r) counts[r] = size_t(r % 3 == 1 ? 0 : r + 2);  // includes zero-sized ranks
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
-  for (DataType t : all_types()) {
+  for (DataType t : oracle::all_data_types()) {
     Buf in(t, counts[w.rank()]), out(t, total);
-    for (size_t i = 0; i < counts[w.rank()]; ++i) in.set(i, value(t, w.rank(), i));
+    for (size_t i = 0; i < counts[w.rank()]; ++i) in.set(i, data_value(t, w.rank(), i));
     w.all_gather_v(in.view(), out.view(), counts);
     size_t offset = 0;
     for (int r = 0; r < n; ++r) {
       expect_values(out, offset, counts[r], "all_gather_v block of rank " + std::to_string(r),
-                    [&](size_t i) { return value(t, r, i); });
+                    [&](size_t i) { return data_value(t, r, i); });
       offset += counts[r];
     }
   }
@@ -270,13 +175,13 @@ TEST(Ops, AllGatherVWithUnequalCounts) {
 TEST(Ops, ReduceScatterEveryReduceOpInAndOutOfPlace) {
   auto& w = *world();
   const int n = w.size();
-  for (DataType t : all_types()) {
-    for (const ReduceOp& op : ops_for(t)) {
+  for (DataType t : oracle::all_data_types()) {
+    for (const ReduceOp& op : oracle::reductions_for(t)) {
       for (bool in_place : {false, true}) {
         const size_t count = 6;
         Buf in(t, count * n), out(t, count);
-        // Block b of every rank holds value(t, r, b * count + i).
-        for (size_t j = 0; j < count * n; ++j) in.set(j, value(t, w.rank(), j));
+        // Block b of every rank holds reduce_input(t, op.kind, r, b * count + i).
+        for (size_t j = 0; j < count * n; ++j) in.set(j, reduce_input(t, op.kind, w.rank(), j));
         BufferView output = in_place ? in.view(w.rank() * count, count) : out.view();
         w.reduce_scatter(in.view(), output, op);
         expect_values(in_place ? in : out, in_place ? w.rank() * count : 0, count,
@@ -298,7 +203,7 @@ TEST(Ops, ReduceScatterVWithUnequalCounts) {
   for (DataType t : {DataType::kInt32, DataType::kFloat32, DataType::kBfloat16, DataType::kUint8}) {
     for (const ReduceOp& op : {ReduceOp::sum(), ReduceOp::max(), ReduceOp::avg()}) {
       Buf in(t, total), out(t, counts[w.rank()]);
-      for (size_t j = 0; j < total; ++j) in.set(j, value(t, w.rank(), j));
+      for (size_t j = 0; j < total; ++j) in.set(j, reduce_input(t, op.kind, w.rank(), j));
       w.reduce_scatter_v(in.view(), out.view(), counts, op);
       expect_values(out, 0, counts[w.rank()], label("reduce_scatter_v", op, counts[w.rank()], false),
                     [&](size_t i) { return expected_reduction(t, op, n, my_offset + i); });
@@ -309,7 +214,7 @@ TEST(Ops, ReduceScatterVWithUnequalCounts) {
 TEST(Ops, AllToAllInAndOutOfPlace) {
   auto& w = *world();
   const int n = w.size();
-  for (DataType t : all_types()) {
+  for (DataType t : oracle::all_data_types()) {
     for (bool in_place : {false, true}) {
       const size_t count = 3;
       Buf in(t, count * n), out(t, count * n);
@@ -361,18 +266,18 @@ TEST(Ops, GatherAndScatterWithEveryRoot) {
     for (int root = 0; root < n; ++root) {
       const size_t count = 4;
       Buf in(t, count), out(t, count * n);
-      for (size_t i = 0; i < count; ++i) in.set(i, value(t, w.rank(), i));
+      for (size_t i = 0; i < count; ++i) in.set(i, data_value(t, w.rank(), i));
       w.gather(in.view(), out.view(), root);
       if (w.rank() == root) {
         expect_values(out, 0, count * n, label("gather", ReduceOp(), count, false, root),
-                      [&](size_t j) { return value(t, int(j / count), j % count); });
+                      [&](size_t j) { return data_value(t, int(j / count), j % count); });
       }
       Buf src(t, count * n), dst(t, count);
       if (w.rank() == root)
-        for (size_t j = 0; j < count * n; ++j) src.set(j, value(t, int(j / count), j % count + 1));
+        for (size_t j = 0; j < count * n; ++j) src.set(j, data_value(t, int(j / count), j % count + 1));
       w.scatter(src.view(), dst.view(), root);
       expect_values(dst, 0, count, label("scatter", ReduceOp(), count, false, root),
-                    [&](size_t i) { return value(t, w.rank(), i + 1); });
+                    [&](size_t i) { return data_value(t, w.rank(), i + 1); });
     }
   }
 }

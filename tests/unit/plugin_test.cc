@@ -36,18 +36,105 @@ TEST(PluginLoading, AMissingBackendListsTheAvailableOnes) {
   }
 }
 
-TEST(PluginLoading, AnAbiMismatchNamesBothVersions) {
-  setenv("COMMS_BACKEND_LIB_BADABI", TEST_BAD_ABI_PLUGIN, 1);
+// The message a refused plugin gets, or "" if it loaded.
+std::string refusal(const std::string& name, const char* path) {
+  const std::string variable = "COMMS_BACKEND_LIB_" + name;
+  setenv(variable.c_str(), path, 1);
+  std::string why;
   try {
-    PluginRegistry::instance().get("badabi");
-    FAIL() << "loaded a plugin with a foreign ABI version";
+    PluginRegistry::instance().get(name);
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    const std::string m = e.what();
-    EXPECT_NE(m.find("ABI version 999"), std::string::npos) << m;
-    EXPECT_NE(m.find("implements ABI version " + std::to_string(COMMS_PLUGIN_ABI_VERSION)), std::string::npos) << m;
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    why = e.what();
   }
-  unsetenv("COMMS_BACKEND_LIB_BADABI");
+  unsetenv(variable.c_str());
+  return why;
+}
+
+const std::string kOurAbi =
+    std::to_string(COMMS_PLUGIN_ABI_MAJOR) + "." + std::to_string(COMMS_PLUGIN_ABI_MINOR);
+
+TEST(PluginAbi, AShorterDescriptorOfTheSameMajorLoadsWithItsMissingEntriesAbsent) {
+  setenv("COMMS_BACKEND_LIB_ABISHORT", TEST_PLUGIN_ABISHORT, 1);
+  const auto& p = PluginRegistry::instance().get("abishort");
+  unsetenv("COMMS_BACKEND_LIB_ABISHORT");
+  EXPECT_EQ(p.descriptor->struct_size, plugin::kMinDescriptorSize);
+  EXPECT_STREQ(p.descriptor->version, "0.0-abi");
+  EXPECT_NE(p.descriptor->create, nullptr);
+  // The plugin's memory past its struct_size holds non-null entries; they
+  // must not be read.
+  EXPECT_EQ(p.descriptor->device_count, nullptr);
+  EXPECT_EQ(p.descriptor->explain_hints, nullptr);
+}
+
+TEST(PluginAbi, AnAbsentDeviceCountMeansOneDeviceOfEachSupportedType) {
+  setenv("COMMS_BACKEND_LIB_ABISHORT", TEST_PLUGIN_ABISHORT, 1);
+  bool seen = false;
+  for (const auto& c : PluginRegistry::instance().capabilities(/*probe_devices=*/true)) {
+    if (c.name != "abishort") continue;
+    seen = true;
+    // The junk device_count past struct_size would say 0 devices.
+    EXPECT_EQ(c.devices_present, plugin::device_bit(DeviceType::kCuda));
+  }
+  unsetenv("COMMS_BACKEND_LIB_ABISHORT");
+  EXPECT_TRUE(seen);
+}
+
+TEST(PluginAbi, ANewerMinorIsRefusedNamingBothVersions) {
+  const std::string m = refusal("ABINEWERMINOR", TEST_PLUGIN_ABINEWERMINOR);
+  const std::string theirs =
+      std::to_string(COMMS_PLUGIN_ABI_MAJOR) + "." + std::to_string(COMMS_PLUGIN_ABI_MINOR + 1);
+  EXPECT_NE(m.find("was built for plugin ABI version " + theirs + ", newer than this libcomms' ABI version " +
+                   kOurAbi),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find(TEST_PLUGIN_ABINEWERMINOR), std::string::npos) << m;
+}
+
+TEST(PluginAbi, AnotherMajorIsRefusedNamingBothVersions) {
+  const std::string m = refusal("ABINEXTMAJOR", TEST_PLUGIN_ABINEXTMAJOR);
+  EXPECT_NE(m.find("was built for plugin ABI version " + std::to_string(COMMS_PLUGIN_ABI_MAJOR + 1) +
+                   ".0, but this libcomms implements ABI version " + kOurAbi),
+            std::string::npos)
+      << m;
+}
+
+// ABI 1 had only abi_version = 1 at offset 0, where every version keeps it.
+TEST(PluginAbi, APluginOfTheUnversionedAbi1IsRefusedNamingBothVersions) {
+  const std::string m = refusal("ABIV1", TEST_PLUGIN_ABIV1);
+  EXPECT_NE(m.find("was built for plugin ABI version 1, but this libcomms implements ABI version " + kOurAbi),
+            std::string::npos)
+      << m;
+}
+
+TEST(PluginAbi, ADescriptorTooShortForTheRequiredEntriesIsRefused) {
+  const std::string m = refusal("ABITINY", TEST_PLUGIN_ABITINY);
+  EXPECT_NE(m.find("declares a descriptor of 8 bytes, smaller than the " +
+                   std::to_string(plugin::kMinDescriptorSize) + " bytes"),
+            std::string::npos)
+      << m;
+}
+
+// Comms keep a pointer to their plugin's registry entry: replacing the
+// plugin of a name (comms-conformance --plugin) must not free it.
+TEST(PluginRegistryEntries, ReplacingAPluginByFileKeepsTheOldEntryForTheCommsUsingIt) {
+  setenv("COMMS_BACKEND_LIB_STABLE", TEST_STABLE_PLUGIN, 1);
+  CommOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  auto c = new_comm("cuda:stable", std::nullopt, "stable-entry", o);
+  const auto& first = PluginRegistry::instance().get("stable");
+  const auto& second = PluginRegistry::instance().load_file(TEST_STABLE_PLUGIN_COPY);
+  unsetenv("COMMS_BACKEND_LIB_STABLE");
+  EXPECT_NE(&first, &second);
+  EXPECT_EQ(&PluginRegistry::instance().get("stable"), &second);
+  // A freed entry reads as garbage here (and as a use-after-free under ASan).
+  EXPECT_EQ(first.path, TEST_STABLE_PLUGIN);
+  EXPECT_STREQ(first.descriptor->version, "1-first");
+  EXPECT_STREQ(second.descriptor->version, "2-second");
+  const std::string json = c->describe();
+  EXPECT_NE(json.find("1-first"), std::string::npos) << json;
+  EXPECT_EQ(json.find("2-second"), std::string::npos) << json;
 }
 
 TEST(PluginLoading, AFileThatIsNotAPluginIsRefusedClearly) {

@@ -187,7 +187,7 @@ long rss_kib() {
 // ---------------------------------------------------------------------------
 // The handshake on the wire
 
-TEST(StoreWire, HelloAndAuthSurviveARoundTrip) {
+TEST(StoreHandshakeWire, HelloAndAuthSurviveARoundTrip) {
   std::string error;
   auto hello = wire::decode_hello(std::string_view(wire::encode_hello({true, "nonce"})).substr(4), &error);
   ASSERT_TRUE(hello) << error;
@@ -199,7 +199,7 @@ TEST(StoreWire, HelloAndAuthSurviveARoundTrip) {
   EXPECT_EQ(auth->proof, std::string("p\0q", 3));
 }
 
-TEST(StoreWire, AHandshakeWithoutTheProtocolMagicIsRejected) {
+TEST(StoreHandshakeWire, AHandshakeWithoutTheProtocolMagicIsRejected) {
   std::string error;
   std::string other = wire::encode_hello({false, "x"});
   other[8] = 'C';  // first byte of the magic, after the frame and string lengths

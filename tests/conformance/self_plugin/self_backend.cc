@@ -194,15 +194,24 @@ int one_cuda_device(comms::DeviceType t) { return t == comms::DeviceType::kCuda 
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const comms::plugin::PluginDescriptor* comms_plugin_entry() {
+extern "C" COMMS_PLUGIN_EXPORT const comms::plugin::PluginDescriptor* comms_plugin_entry() {
 #ifdef SELF_PLUGIN_CUDA
   static const comms::plugin::PluginDescriptor descriptor = {
-      COMMS_PLUGIN_ABI_VERSION, "selfcuda", "1.0", comms::plugin::device_bit(comms::DeviceType::kCuda), kHintKeys,
-      one_cuda_device, create, /*explain_hints=*/nullptr};
+      .name = "selfcuda",
+      .version = "1.0",
+      .device_types = comms::plugin::device_bit(comms::DeviceType::kCuda),
+      .hint_keys = kHintKeys,
+      .create = create,
+      .device_count = one_cuda_device,
+  };
 #else
   static const comms::plugin::PluginDescriptor descriptor = {
-      COMMS_PLUGIN_ABI_VERSION, "self", "1.0", comms::plugin::device_bit(comms::DeviceType::kCpu), kHintKeys,
-      /*device_count=*/nullptr, create, /*explain_hints=*/nullptr};
+      .name = "self",
+      .version = "1.0",
+      .device_types = comms::plugin::device_bit(comms::DeviceType::kCpu),
+      .hint_keys = kHintKeys,
+      .create = create,
+  };
 #endif
   return &descriptor;
 }

@@ -1,7 +1,7 @@
-// A plugin built only against include/comms/plugin.h, compiled in two
-// flavours for the loader and lifecycle tests:
-//   TEST_PLUGIN_BAD_ABI: declares ABI version 999 (must be refused);
-//   otherwise "fakegpu": a cuda backend with no devices and no data path,
+// A plugin built only against include/comms/plugin.h, for the loader and
+// lifecycle tests: TEST_PLUGIN_NAME/TEST_PLUGIN_VERSION name it (two files
+// with one name show that replacing a plugin never frees the old entry).
+// "fakegpu" is a cuda backend with no devices and no data path,
 //   whose hint keys overlap gloo's (hint routing), and whose finalize fails
 //   when given fail_finalize=1 (failure injection for offload). With
 //   late_timeout=1 every op is a stream-ordered op that ends in a timeout:
@@ -9,6 +9,13 @@
 #include <string>
 
 #include "comms/plugin.h"
+
+#ifndef TEST_PLUGIN_NAME
+#define TEST_PLUGIN_NAME "fakegpu"
+#endif
+#ifndef TEST_PLUGIN_VERSION
+#define TEST_PLUGIN_VERSION "0.0-test"
+#endif
 
 namespace {
 
@@ -77,13 +84,14 @@ comms::Status create(const comms::plugin::BackendInit& init, std::unique_ptr<com
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const comms::plugin::PluginDescriptor* comms_plugin_entry() {
+extern "C" COMMS_PLUGIN_EXPORT const comms::plugin::PluginDescriptor* comms_plugin_entry() {
   static const comms::plugin::PluginDescriptor d = {
-#ifdef TEST_PLUGIN_BAD_ABI
-      999u, "badabi",
-#else
-      COMMS_PLUGIN_ABI_VERSION, "fakegpu",
-#endif
-      "0.0-test", comms::plugin::device_bit(comms::DeviceType::kCuda), kKeys, no_devices, create, nullptr};
+      .name = TEST_PLUGIN_NAME,
+      .version = TEST_PLUGIN_VERSION,
+      .device_types = comms::plugin::device_bit(comms::DeviceType::kCuda),
+      .hint_keys = kKeys,
+      .create = create,
+      .device_count = no_devices,
+  };
   return &d;
 }
