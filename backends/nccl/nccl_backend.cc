@@ -71,6 +71,8 @@ class NcclBackend final : public plugin::Backend {
     return plan_reduction(dtype, kind, core_->cc_major(), core_->cc_minor()).reason.empty();
   }
 
+  int64_t device_memory_used() const override { return core_->device_memory_used(); }
+
  private:
   std::shared_ptr<Core> core_;
   NcclBackendOptions options_;

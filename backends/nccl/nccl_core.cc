@@ -1,5 +1,5 @@
 // Core's construction and state: logging, settling non-blocking NCCL calls,
-// describe().
+// describe() and device memory.
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -75,6 +75,18 @@ std::string Core::describe_locked() const {
   j["init_timeout_ms"] = init_.init_timeout.count();
   j["op_timeout_ms"] = op_timeout_.count();
   return j.dump();
+}
+
+int64_t Core::device_memory_used() const {
+  // cudaMemGetInfo answers for the current device: bind the comm's for the
+  // call (the caller's is restored). Needs no communicator, so it also
+  // measures a comm that was never bound or was already released.
+  DeviceGuard guard(*api_, device_);
+  if (guard.status() != cudaSuccess) return -1;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (api_->mem_get_info(&free_bytes, &total_bytes) != cudaSuccess) return -1;
+  if (free_bytes > total_bytes) return -1;
+  return static_cast<int64_t>(total_bytes - free_bytes);
 }
 
 }  // namespace comms::nccl

@@ -5,7 +5,7 @@
 //   nccl_enqueue.cc    submitting an op (one launch rule per op type)
 //   nccl_work.cc       completion, deadlines and failure (the watchdog's round)
 //   nccl_teardown.cc   finalize, abort and destroy
-//   nccl_core.cc       construction, settling NCCL calls, describe
+//   nccl_core.cc       construction, settling NCCL calls, describe, memory
 // Methods named *_locked need `mu` held.
 #pragma once
 
@@ -81,6 +81,9 @@ class Core {
 
   // --- state (nccl_core.cc) ---
   std::string describe_locked() const;
+  // Bytes in use on the comm's device (cudaMemGetInfo: total - free), -1 if
+  // CUDA cannot tell. Needs no lock: it reads only the device.
+  int64_t device_memory_used() const;
   const Hints& raw_hints() const { return raw_hints_; }
   const TranslatedHints& hints() const { return hints_; }
   void set_hints_locked(Hints raw, TranslatedHints t) {
