@@ -149,6 +149,9 @@ class RealNcclApi final : public NcclApi {
   cudaError_t memset_async(void* p, int v, size_t bytes, cudaStream_t s) override {
     return cudaMemsetAsync(p, v, bytes, s);
   }
+  cudaError_t mem_get_info(size_t* free_bytes, size_t* total_bytes) override {
+    return cudaMemGetInfo(free_bytes, total_bytes);
+  }
   const char* cuda_error_string(cudaError_t e) override { return cudaGetErrorString(e); }
 };
 

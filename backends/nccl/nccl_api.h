@@ -74,6 +74,8 @@ class NcclApi {
   virtual cudaError_t malloc_device(void** p, size_t bytes) = 0;
   virtual cudaError_t free_device(void* p) = 0;
   virtual cudaError_t memset_async(void* p, int value, size_t bytes, cudaStream_t s) = 0;
+  // cudaMemGetInfo: free and total bytes of the current device.
+  virtual cudaError_t mem_get_info(size_t* free_bytes, size_t* total_bytes) = 0;
   virtual const char* cuda_error_string(cudaError_t e) = 0;
 };
 

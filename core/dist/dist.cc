@@ -106,7 +106,10 @@ Hints to_hints(const BackendOptions& o) {
   add(h, "nccl.traffic_class", o.nccl.traffic_class);
   add(h, "nccl.collnet_enable", o.nccl.collnet_enable);
   add(h, "nccl.cta_policy", o.nccl.cta_policy);
+  add(h, "nccl.shrink_share", o.nccl.shrink_share);
   add(h, "nccl.nvls_ctas", o.nccl.nvls_ctas);
+  add(h, "nccl.nchannels_per_net_peer", o.nccl.nchannels_per_net_peer);
+  add(h, "nccl.nvlink_centric_sched", o.nccl.nvlink_centric_sched);
   if (o.gloo.interface) put(h, "gloo.interface", *o.gloo.interface);
   if (o.gloo.hostname) put(h, "gloo.hostname", *o.gloo.hostname);
   if (o.gloo.busy_poll) put(h, "gloo.busy_poll", *o.gloo.busy_poll ? "1" : "0");

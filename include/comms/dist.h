@@ -33,6 +33,9 @@ Route route_from_environment();
 
 // NCCL communicator options, as Megatron and torch.distributed name them.
 // Each set field becomes one NCCL hint; unset fields keep NCCL's default.
+// The NCCL plugin's key table (backends/nccl/nccl_hints.h) owns the keys: a
+// test (tests/unit/nccl_options_test.cc) fails when a plugin key has no field
+// here or a field no key (blocking and comm_name are fixed by the plugin).
 struct NcclOptions {
   std::optional<bool> is_high_priority_stream;
   std::optional<int> cga_cluster_size;
@@ -43,7 +46,10 @@ struct NcclOptions {
   std::optional<int> traffic_class;
   std::optional<int> collnet_enable;
   std::optional<int> cta_policy;
+  std::optional<int> shrink_share;
   std::optional<int> nvls_ctas;
+  std::optional<int> nchannels_per_net_peer;
+  std::optional<int> nvlink_centric_sched;
   friend bool operator==(const NcclOptions&, const NcclOptions&) = default;
 };
 

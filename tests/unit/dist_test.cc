@@ -38,6 +38,8 @@ TEST(TypedOptions, EverySetFieldBecomesExactlyOnePrefixedHint) {
   o.nccl.collnet_enable = 0;
   o.nccl.cta_policy = 1;
   o.nccl.nvls_ctas = 8;
+  o.nccl.shrink_share = 1;
+  o.nccl.nvlink_centric_sched = 0;
   o.gloo.interface = "eth1";
   o.gloo.busy_poll = false;
   o.hints["nccl.nchannels_per_net_peer"] = "2";
@@ -46,7 +48,7 @@ TEST(TypedOptions, EverySetFieldBecomesExactlyOnePrefixedHint) {
       {"nccl.max_ctas", "16"},          {"nccl.net_name", "IB"},        {"nccl.split_share", "1"},
       {"nccl.traffic_class", "3"},      {"nccl.collnet_enable", "0"},   {"nccl.cta_policy", "1"},
       {"nccl.nvls_ctas", "8"},          {"gloo.interface", "eth1"},     {"gloo.busy_poll", "0"},
-      {"nccl.nchannels_per_net_peer", "2"},
+      {"nccl.nchannels_per_net_peer", "2"}, {"nccl.shrink_share", "1"}, {"nccl.nvlink_centric_sched", "0"},
   };
   EXPECT_EQ(to_hints(o), expected);
 }

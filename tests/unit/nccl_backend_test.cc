@@ -732,5 +732,39 @@ TEST_F(NcclBackendTest, AbortProcessOnErrorAbortsAfterLoggingOnTimeout) {
       "abort_process_on_error");
 }
 
+TEST_F(NcclBackendTest, DeviceMemoryUsedIsTotalMinusFreeOnTheCommsOwnDevice) {
+  api->device_count = 2;
+  api->mem_total = {size_t{80} << 30, size_t{40} << 30};  // per device
+  api->mem_free = {size_t{70} << 30, size_t{25} << 30};
+  BackendInit init = make_init();
+  init.device = Device::cuda(1);
+  auto b = make(init);
+  ASSERT_TRUE(b->init().is_ok());
+  // cuda:1's numbers, with the caller's current device (0) left as it was.
+  EXPECT_EQ(b->device_memory_used(), int64_t{15} << 30);
+  EXPECT_EQ(api->current_device, 0);
+  api->mem_free[1] = size_t{10} << 30;  // the comm allocated more
+  EXPECT_EQ(b->device_memory_used(), int64_t{30} << 30);
+}
+
+TEST_F(NcclBackendTest, DeviceMemoryUsedIsMeasuredBeforeBindingAndAfterFinalize) {
+  api->mem_total = {size_t{8} << 30};
+  api->mem_free = {size_t{6} << 30};
+  auto b = make(make_init());
+  EXPECT_EQ(b->device_memory_used(), int64_t{2} << 30);  // lazy: no communicator yet
+  ASSERT_TRUE(b->init().is_ok());
+  ASSERT_TRUE(b->finalize().is_ok());
+  api->mem_free[0] = size_t{7} << 30;  // the communicator's memory came back
+  EXPECT_EQ(b->device_memory_used(), int64_t{1} << 30);
+}
+
+TEST_F(NcclBackendTest, DeviceMemoryUsedIsMinusOneWhenCudaCannotMeasureIt) {
+  api->mem_total = {size_t{8} << 30};
+  api->mem_free = {size_t{6} << 30};
+  api->mem_info_error = cudaErrorNoDevice;
+  auto b = make(make_init());
+  EXPECT_EQ(b->device_memory_used(), -1);
+}
+
 }  // namespace
 }  // namespace comms::nccl

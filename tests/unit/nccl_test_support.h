@@ -51,6 +51,9 @@ class FakeNcclApi final : public NcclApi {
   ncclResult_t async_error = ncclSuccess;
   ncclResult_t destroy_result = ncclSuccess;
   bool events_complete_on_record = true;
+  // cudaMemGetInfo per device (indexed by device); mem_info_error fails it.
+  std::vector<size_t> mem_total, mem_free;
+  cudaError_t mem_info_error = cudaSuccess;
 
   // --- observations ---
   std::vector<NcclCall> calls;
@@ -297,6 +300,15 @@ class FakeNcclApi final : public NcclApi {
     return cudaSuccess;
   }
   cudaError_t memset_async(void*, int, size_t, cudaStream_t) override { return cudaSuccess; }
+  cudaError_t mem_get_info(size_t* free_bytes, size_t* total_bytes) override {
+    std::lock_guard l(mu_);
+    if (mem_info_error != cudaSuccess) return mem_info_error;
+    const auto d = static_cast<size_t>(current_device);
+    if (d >= mem_total.size() || d >= mem_free.size()) return cudaErrorInvalidDevice;
+    *free_bytes = mem_free[d];
+    *total_bytes = mem_total[d];
+    return cudaSuccess;
+  }
   const char* cuda_error_string(cudaError_t) override { return "fake cuda error"; }
 
  private:

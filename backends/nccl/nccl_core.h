@@ -1,0 +1,127 @@
+// The comm's state: one NCCL communicator, its internal stream and the ops in
+// flight. Shared with its Works so that a Work outliving the backend still
+// answers. Its methods live with their job:
+//   nccl_bootstrap.cc  unique id exchange, communicator init and split
+//   nccl_enqueue.cc    submitting an op (one launch rule per op type)
+//   nccl_work.cc       completion, deadlines and failure (the watchdog's round)
+//   nccl_teardown.cc   finalize, abort and destroy
+//   nccl_core.cc       construction, settling NCCL calls, describe, memory
+// Methods named *_locked need `mu` held.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comms/plugin.h"
+#include "nccl_api.h"
+#include "nccl_call.h"
+#include "nccl_hints.h"
+#include "nccl_work.h"
+
+namespace comms::nccl {
+
+class Core {
+ public:
+  Core(std::shared_ptr<NcclApi> api, plugin::BackendInit init, Hints raw_hints,
+       TranslatedHints hints);
+
+  std::mutex mu;
+  std::condition_variable watchdog_cv;
+
+  NcclApi& api() { return *api_; }
+  const std::shared_ptr<NcclApi>& api_ptr() { return api_; }
+  const plugin::BackendInit& init() const { return init_; }
+  int device() const { return device_; }
+  int cc_major() const { return cc_major_; }
+  int cc_minor() const { return cc_minor_; }
+
+  void log(int level, const std::string& msg) const;
+
+  // --- bootstrap (nccl_bootstrap.cc) ---
+  Status init_locked();
+  // Takes ownership of a ready communicator (from init or split) and creates
+  // the stream, the caller-ordering event and the barrier scratch.
+  Status adopt_locked(ncclComm_t comm);
+  bool initialized_locked() const { return comm_ != nullptr; }
+  Status split_locked(int color, int key, const NcclConfigFields& child_fields,
+                      const std::string& child_name, std::chrono::milliseconds timeout,
+                      ncclComm_t* child);
+
+  // --- ops (nccl_enqueue.cc) ---
+  Status submit_locked(const plugin::OpDesc& op, std::shared_ptr<WorkState>* out_work);
+
+  // --- completion, timeouts, failure (nccl_work.cc) ---
+  // Marks `w` done if its event fired, or fails the comm if it is past its
+  // deadline. Returns whether it is done (successfully or not).
+  // `query` false: an earlier op on the stream is still running, so this
+  // one is too; only its deadline is checked.
+  bool check_work_locked(WorkState& w, Clock::time_point now, bool query = true);
+  // One watchdog round: NCCL's async error, then every outstanding op.
+  void poll_locked(Clock::time_point now);
+  // The first failure aborts the NCCL communicator; the culprit gets `cause`
+  // and every other outstanding op kAborted. Later ops see failure_.
+  void fail_locked(Status cause, WorkState* culprit);
+  void request_abort(const std::string& reason);
+  Status failure_locked() const { return failure_; }
+  std::deque<std::shared_ptr<WorkState>> outstanding_copy_locked() const { return outstanding_; }
+
+  // --- teardown (nccl_teardown.cc) ---
+  // graceful: ncclCommFinalize then ncclCommDestroy (bounded by the op
+  // timeout, aborting on expiry); else ncclCommAbort. Every failure to
+  // release is reported.
+  Status release_locked(bool graceful);
+  // The backend went without finalize: ops that finished keep their status,
+  // the rest fail, and the communicator is aborted (never waits on a peer).
+  void destroy_locked();
+
+  // --- state (nccl_core.cc) ---
+  std::string describe_locked() const;
+  // Bytes in use on the comm's device (cudaMemGetInfo: total - free), -1 if
+  // CUDA cannot tell. Needs no lock: it reads only the device.
+  int64_t device_memory_used() const;
+  const Hints& raw_hints() const { return raw_hints_; }
+  const TranslatedHints& hints() const { return hints_; }
+  void set_hints_locked(Hints raw, TranslatedHints t) {
+    raw_hints_ = std::move(raw);
+    hints_ = std::move(t);
+  }
+  void set_op_timeout_locked(std::chrono::milliseconds t) { op_timeout_ = t; }
+  std::chrono::milliseconds op_timeout_locked() const { return op_timeout_; }
+
+  // A non-blocking communicator answers ncclInProgress until the call took
+  // effect; poll it (bounded) so that nothing after it runs too early.
+  Status settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline, std::string_view what);
+
+ private:
+  Status exchange_unique_id(ncclUniqueId* id);
+  NcclConfigFields effective_fields() const {
+    return plugin_config_fields(hints_.config, init_.comm_name);
+  }
+  Status enqueue_locked(const plugin::OpDesc& op, Clock::time_point deadline);
+
+  std::shared_ptr<NcclApi> api_;
+  plugin::BackendInit init_;
+  Hints raw_hints_;
+  TranslatedHints hints_;
+  NcclConfigFields effective_;  // owns the strings the last ncclConfig_t pointed to
+  std::chrono::milliseconds op_timeout_;
+  int device_ = 0;
+  int cc_major_ = -1;
+  int cc_minor_ = -1;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int stream_priority_ = 0;
+  cudaEvent_t caller_ready_ = nullptr;
+  void* scratch_ = nullptr;
+  std::deque<std::shared_ptr<WorkState>> outstanding_;
+  std::shared_ptr<EventPool> events_;
+  Status failure_;
+  std::atomic<bool> abort_requested_{false};
+};
+
+}  // namespace comms::nccl
