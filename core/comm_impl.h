@@ -142,6 +142,12 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
 
 namespace internal {
 
+// The library's way from a Comm to its implementation (Comm has no public
+// accessor, so user code cannot reach it).
+struct CommAccess {
+  static Comm::Impl& impl(const Comm& comm) { return *comm.impl_; }
+};
+
 // Routes user hints to backends: "gloo.x" to gloo, an unprefixed key to the
 // one backend of the spec that knows it. Throws kInvalidArgument for an
 // unknown key (a warning under COMMS_HINTS_STRICT=0), an ambiguous key, a

@@ -89,10 +89,12 @@ std::vector<std::string> PluginRegistry::search_dirs() const {
   }
   const std::string here = libcomms_dir();
   if (!here.empty()) dirs.push_back(here + "/" COMMS_INSTALL_PLUGIN_SUBDIR);
-#ifdef COMMS_BUILD_CORE_DIR
-  // Running from the build tree: use the plugins built next to it.
-  char build_core[4096];
-  if (!here.empty() && realpath(COMMS_BUILD_CORE_DIR, build_core) && here == build_core) {
+#ifdef COMMS_BUILD_ROOT
+  // Running from the build tree (libcomms.so, or a program that links core
+  // statically): use the plugins built there.
+  char build_root[4096];
+  if (!here.empty() && realpath(COMMS_BUILD_ROOT, build_root) &&
+      (here == build_root || here.starts_with(str::cat(build_root, "/")))) {
     for (auto& d : str::split(COMMS_BUILD_PLUGIN_DIRS, ':', true)) {
       dirs.emplace_back(d);
     }

@@ -8,10 +8,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "comm_impl.h"
 #include "comms/comms.h"
-#include "env.h"
-#include "plugin_registry.h"
+#include "comms/plugin.h"  // COMMS_PLUGIN_ABI_VERSION
 #include "strutil.h"
 
 namespace {
@@ -21,22 +19,16 @@ using namespace comms;
 
 json plugins_json() {
   json list = json::array();
-  for (const auto& p : internal::PluginRegistry::instance().discover()) {
+  for (const auto& p : list_plugins()) {
     json j;
     j["name"] = p.name;
     j["path"] = p.path;
-    if (p.descriptor) {
-      j["version"] = p.descriptor->version ? p.descriptor->version : "";
+    if (p.error.empty()) {
+      j["version"] = p.version;
       json devices = json::array();
-      for (int t = 0; t < kNumDeviceTypes; ++t) {
-        if (p.descriptor->device_types & plugin::device_bit(static_cast<DeviceType>(t))) {
-          devices.push_back(std::string(to_string(static_cast<DeviceType>(t))));
-        }
-      }
+      for (DeviceType t : p.devices) devices.push_back(std::string(to_string(t)));
       j["devices"] = devices;
-      json keys = json::array();
-      for (const char* const* k = p.descriptor->hint_keys; k && *k; ++k) keys.push_back(*k);
-      j["hint_keys"] = keys;
+      j["hint_keys"] = p.hint_keys;
     } else {
       j["error"] = p.error;
     }
@@ -47,47 +39,8 @@ json plugins_json() {
 
 json environment_json() {
   json env = json::object();
-  for (const auto& v : env::documented()) {
-    std::string name = v.name;
-    if (name.find('<') != std::string::npos) continue;  // a family, listed below
-    auto value = env::get(name);
-    // A secret is shown as set, never printed: comms-info output ends up in logs.
-    if (value && name == "COMMS_STORE_TOKEN") value = "(set, not shown)";
-    env[name] = value ? json(*value) : json(nullptr);
-  }
-  for (const auto& [name, value] : env::with_prefix("COMMS_BACKEND_LIB_")) env[name] = value;
+  for (const auto& v : environment()) env[v.name] = v.value ? json(*v.value) : json(nullptr);
   return env;
-}
-
-// The dry run: route the hints like a comm would, then ask each plugin what
-// configuration they give.
-json explain_hints(const BackendSpec& spec, const Hints& hints) {
-  auto routed = internal::route_hints(hints, spec, "comms-info");
-  json out = json::object();
-  for (int t = 0; t < kNumDeviceTypes; ++t) {
-    const auto type = static_cast<DeviceType>(t);
-    if (!spec.has(type)) continue;
-    const auto& plugin = internal::PluginRegistry::instance().get(spec.backend_for(type));
-    if (!plugin.descriptor->explain_hints) {
-      if (!routed[t].empty()) {
-        throw Error(ErrorCode::kUnsupported,
-                    str::cat("backend '", plugin.name, "' cannot explain hints without a comm"));
-      }
-      continue;
-    }
-    std::string text;
-    Status s = plugin.descriptor->explain_hints(routed[t], &text);
-    if (!s.is_ok()) throw Error(s.code, str::cat(plugin.name, ": ", s.message));
-    json explained;  // items() must not outlive it
-    try {
-      explained = json::parse(text);
-    } catch (const json::exception& e) {
-      throw Error(ErrorCode::kInternal, str::cat("plugin '", plugin.name, "' explained hints as invalid JSON (",
-                                                 e.what(), "): ", text));
-    }
-    for (auto& [k, v] : explained.items()) out[k] = v;
-  }
-  return out;
 }
 
 void print_text(const json& info) {
@@ -173,7 +126,7 @@ int main(int argc, char** argv) {
     }
     if (*hints_opt) {
       const BackendSpec spec = BackendSpec::parse(backend);
-      json out = explain_hints(spec, parse_hints(hints_text));
+      json out = json::parse(explain_hints(spec, parse_hints(hints_text), "comms-info"));
       out["backend"] = spec.to_string();
       if (as_json) {
         std::cout << out.dump(2) << "\n";
@@ -186,7 +139,7 @@ int main(int argc, char** argv) {
     info["version"] = library_version();
     info["plugin_abi"] = COMMS_PLUGIN_ABI_VERSION;
     info["plugins"] = plugins_json();
-    info["search_path"] = internal::PluginRegistry::instance().search_dirs();
+    info["search_path"] = plugin_search_path();
     if (*backend_opt) {
       const BackendSpec spec = BackendSpec::parse(backend);
       json map = json::object();

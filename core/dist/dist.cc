@@ -145,6 +145,7 @@ Route Group::route() const { return member_state(state_).spec.route; }
 const std::string& Group::name() const { return member_state(state_).spec.name; }
 const GroupSpec& Group::spec() const { return member_state(state_).spec; }
 Comm& Group::comm() const { return *member_state(state_).comm; }
+std::shared_ptr<Comm> Group::shared_comm() const { return member_state(state_).comm; }
 
 std::string Group::describe() const {
   const auto& s = member_state(state_);
@@ -239,7 +240,7 @@ namespace {
 // this rank. Collective over the members (direct) or the parent (split).
 std::shared_ptr<Comm> create_comm(const GroupSpec& spec, const GroupState& parent, int member_rank) {
   const Comm& parent_comm = *parent.comm;
-  auto& pimpl = const_cast<Comm&>(parent_comm).impl();
+  auto& pimpl = internal::CommAccess::impl(parent_comm);
   if (spec.route == Route::kDirect) {
     if (member_rank < 0) return nullptr;
     CommOptions co;

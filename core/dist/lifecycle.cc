@@ -23,7 +23,7 @@ std::optional<int64_t> device_memory(const std::vector<std::shared_ptr<GroupStat
   for (const auto& g : all) {
     if (!g->comm || g->destroyed) continue;
     for (DeviceType t : types) {
-      const int64_t used = g->comm->impl().device_memory_used(t);
+      const int64_t used = internal::CommAccess::impl(*g->comm).device_memory_used(t);
       if (used >= 0) return used;
     }
   }
@@ -125,7 +125,8 @@ ReloadReport reload_groups() {
         }
       }
       const bool member_needs_it = g->comm && g->comm->backend_state(t) == BackendState::kOffloaded;
-      Comm::Impl::reload_by_split(g->comm ? &g->comm->impl() : nullptr, parent->comm->impl(), t, parent_ranks);
+      Comm::Impl::reload_by_split(g->comm ? &internal::CommAccess::impl(*g->comm) : nullptr,
+                                  internal::CommAccess::impl(*parent->comm), t, parent_ranks);
       if (member_needs_it) {
         ++report.communicators_created;
         recreated = true;

@@ -269,11 +269,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "trainer: --nccl-communicator-config-path needs --parallel\n");
         return 2;
       }
-      std::vector<int> everyone(static_cast<size_t>(size));
-      for (int r = 0; r < size; ++r) everyone[static_cast<size_t>(r)] = r;
       comms::dist::GroupOptions dp_options;
       dp_options.description = "data-parallel gradient averaging";
-      grads = comms::dist::new_group(everyone, dp_options);
+      grads = comms::dist::new_group(world.global_ranks(), dp_options);  // every rank
     }
     const int dp_rank = grads.rank();
     const int dp_size = grads.size();

@@ -7,6 +7,8 @@
 // Case and whitespace around items are ignored.
 #pragma once
 
+#include "comms/export.h"
+
 #include <array>
 #include <cstdint>
 #include <span>
@@ -24,7 +26,7 @@ struct PluginCapabilities {
   uint32_t devices_present = 0;      // types with at least one usable device
 };
 
-class BackendSpec {
+class COMMS_API BackendSpec {
  public:
   BackendSpec() = default;
 

@@ -2,6 +2,8 @@
 // rendezvouses through.
 #pragma once
 
+#include "comms/export.h"
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -26,7 +28,7 @@ struct BootstrapInfo {
 // same family (COMMS_LOCAL_RANK, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
 // MPI_LOCALRANKID, SLURM_LOCALID). Throws comms::Error(kInvalidArgument) on a
 // malformed or inconsistent value.
-BootstrapInfo bootstrap_from_environment();
+COMMS_API BootstrapInfo bootstrap_from_environment();
 
 // The process-wide store for a job of `world_size`, created on first use:
 //   COMMS_STORE=file:///dir   a file store;
@@ -35,7 +37,7 @@ BootstrapInfo bootstrap_from_environment();
 //                             COMMS_LAUNCHER_STORE=1, else by rank 0;
 //   nothing, world size 1     an in-process store.
 // Throws comms::Error(kInvalidArgument) when a multi-process job has none.
-std::shared_ptr<Store> default_store(int rank, int world_size,
+COMMS_API std::shared_ptr<Store> default_store(int rank, int world_size,
                                      std::chrono::milliseconds connect_timeout);
 
 }  // namespace comms

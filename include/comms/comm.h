@@ -5,7 +5,10 @@
 // describe(), is_failed() and the accessors may be called from any thread.
 #pragma once
 
+#include "comms/export.h"
+
 #include <chrono>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -19,6 +22,11 @@
 #include "comms/work.h"
 
 namespace comms {
+
+class Store;
+namespace internal {
+struct CommAccess;  // the library's own way to the implementation
+}
 
 struct SplitOptions {
   // Unset: inherited from the parent.
@@ -40,11 +48,11 @@ enum class BackendState : uint8_t {
   kOffloaded,  // released by offload_backend(); reload_backend() restores it
   kFailed,     // an op failed or abort() was called; every op fails fast
 };
-std::string_view to_string(BackendState s);
+COMMS_API std::string_view to_string(BackendState s);
 
-class Comm {
+class COMMS_API Comm {
  public:
-  class Impl;
+  class COMMS_LOCAL Impl;
   explicit Comm(std::shared_ptr<Impl> impl);
   ~Comm();  // finalizes if needed; never throws (failures are logged)
   Comm(const Comm&) = delete;
@@ -53,6 +61,12 @@ class Comm {
   const std::string& name() const;
   int rank() const;
   int size() const;
+  // This process's place among the ranks of its host (from the bootstrap).
+  int local_rank() const;
+  int local_size() const;
+  // The job's root store the comm rendezvoused through; tools may derive
+  // their own prefixed stores from it (make_prefix_store).
+  std::shared_ptr<Store> store() const;
   const BackendSpec& backends() const;
   std::string backend_string() const { return backends().to_string(); }
   // The device bound at creation, if any.
@@ -111,10 +125,20 @@ class Comm {
   // in child-rank order; non-members pass an empty list and get null.
   std::shared_ptr<Comm> split(std::span<const int> ranks, const std::string& name,
                               const SplitOptions& opts = {});
+  // split({0, 1}, "pair"); split({}, "pair") on non-members.
+  std::shared_ptr<Comm> split(std::initializer_list<int> ranks, const std::string& name,
+                              const SplitOptions& opts = {}) {
+    return split(std::span<const int>(ranks.begin(), ranks.size()), name, opts);
+  }
   // Every rank passes the same disjoint rank lists; each gets the group it is
   // in, or null.
   std::shared_ptr<Comm> split_group(std::span<const std::vector<int>> groups,
                                     const std::string& name, const SplitOptions& opts = {});
+  // split_group({{0, 1}, {2, 3}}, "pairs").
+  std::shared_ptr<Comm> split_group(std::initializer_list<std::vector<int>> groups,
+                                    const std::string& name, const SplitOptions& opts = {}) {
+    return split_group(std::span<const std::vector<int>>(groups.begin(), groups.size()), name, opts);
+  }
 
   // --- run-time configuration ---------------------------------------------
   void set_timeout(std::chrono::milliseconds op_timeout);
@@ -140,9 +164,8 @@ class Comm {
   // timeouts, hints, and each backend's own description.
   std::string describe() const;
 
-  Impl& impl() { return *impl_; }
-
  private:
+  friend struct internal::CommAccess;
   std::shared_ptr<Impl> impl_;
 };
 
@@ -152,7 +175,7 @@ class Comm {
 // proves the connection before it returns. Without, backends connect on first
 // use (which is then collective). `name` must be unique among live comms of
 // this process; it keys the rendezvous namespace.
-std::shared_ptr<Comm> new_comm(const std::string& backend, std::optional<Device> device,
+COMMS_API std::shared_ptr<Comm> new_comm(const std::string& backend, std::optional<Device> device,
                                const std::string& name, const CommOptions& options = {});
 
 }  // namespace comms

@@ -1,6 +1,8 @@
 // Everything a trainer needs: #include <comms/comms.h>.
 #pragma once
 
+#include "comms/export.h"
+
 #include "comms/backend_spec.h"
 #include "comms/bootstrap.h"
 #include "comms/comm.h"
@@ -8,6 +10,7 @@
 #include "comms/lifecycle.h"
 #include "comms/parallel.h"
 #include "comms/error.h"
+#include "comms/info.h"
 #include "comms/options.h"
 #include "comms/store.h"
 #include "comms/types.h"
@@ -15,5 +18,5 @@
 
 namespace comms {
 // The version of this libcomms, e.g. "0.1.0".
-const char* library_version();
+COMMS_API const char* library_version();
 }  // namespace comms

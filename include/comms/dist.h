@@ -14,7 +14,10 @@
 // rules.
 #pragma once
 
+#include "comms/export.h"
+
 #include <chrono>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -26,10 +29,10 @@
 namespace comms::dist {
 
 enum class Route : uint8_t { kDirect, kSplit };
-std::string_view to_string(Route r);
+COMMS_API std::string_view to_string(Route r);
 // COMMS_ROUTE: "direct" (default) or "split". Throws kInvalidArgument naming
 // COMMS_ROUTE and its valid values.
-Route route_from_environment();
+COMMS_API Route route_from_environment();
 
 // NCCL communicator options, as Megatron and torch.distributed name them.
 // Each set field becomes one NCCL hint; unset fields keep NCCL's default.
@@ -73,7 +76,7 @@ struct BackendOptions {
 // Lossless: every set field becomes exactly one key, prefixed with its
 // backend so it can never be routed to another. A field also given as a raw
 // hint (options.hints) throws kInvalidArgument naming the key.
-Hints to_hints(const BackendOptions& options);
+COMMS_API Hints to_hints(const BackendOptions& options);
 
 struct InitOptions {
   // BackendSpec rules; "" uses COMMS_BACKEND, else the default map. A single
@@ -128,7 +131,7 @@ class GroupState;
 
 // A handle to a process group. Empty on ranks that are not members.
 // Copies refer to the same group.
-class Group {
+class COMMS_API Group {
  public:
   Group() = default;
   explicit Group(std::shared_ptr<GroupState> state) : state_(std::move(state)) {}
@@ -146,6 +149,8 @@ class Group {
   // Every operation of the Comm API: group->all_reduce(...), group.comm().
   Comm& comm() const;
   Comm* operator->() const { return &comm(); }
+  // The comm as a shared owner, for code that keeps it past the handle.
+  std::shared_ptr<Comm> shared_comm() const;
   // The route and, for each backend, the effective configuration (for NCCL,
   // the ncclConfig_t fields and the stream priority), as JSON.
   std::string describe() const;
@@ -157,27 +162,36 @@ class Group {
 };
 
 // Creates the world group. Collective over the job.
-Group init_process_group(const InitOptions& options = {});
-bool is_initialized();
+COMMS_API Group init_process_group(const InitOptions& options = {});
+COMMS_API bool is_initialized();
 // The world group; throws if init_process_group was not called.
-Group world();
+COMMS_API Group world();
 
 // Collective over the world with c10d semantics: every rank calls it with
 // the same ranks, in the same order of calls; non-members get an empty Group.
-Group new_group(std::span<const int> ranks, const GroupOptions& options = {});
+COMMS_API Group new_group(std::span<const int> ranks, const GroupOptions& options = {});
+// new_group({0, 2}, options).
+inline Group new_group(std::initializer_list<int> ranks, const GroupOptions& options = {}) {
+  return new_group(std::span<const int>(ranks.begin(), ranks.size()), options);
+}
 // Every rank passes the same disjoint rank lists (global ranks); each gets
 // the group it is in, or an empty Group.
-Group split_group(const Group& parent, std::span<const std::vector<int>> rank_lists,
-                  const SplitGroupOptions& options = {});
+COMMS_API Group split_group(const Group& parent, std::span<const std::vector<int>> rank_lists,
+                            const SplitGroupOptions& options = {});
+// split_group(world, {{0, 1}, {2, 3}}).
+inline Group split_group(const Group& parent, std::initializer_list<std::vector<int>> rank_lists,
+                         const SplitGroupOptions& options = {}) {
+  return split_group(parent, std::span<const std::vector<int>>(rank_lists.begin(), rank_lists.size()), options);
+}
 
 // Destroys a group's communicators (failures are raised). Destroying the
 // world destroys every group, in reverse creation order. Destroying twice is
 // harmless.
-void destroy_process_group(const Group& group);
-void destroy_process_group();  // the world and everything
+COMMS_API void destroy_process_group(const Group& group);
+COMMS_API void destroy_process_group();  // the world and everything
 
 // Every group of this process in creation order (including non-member
 // entries, whose specs every rank keeps so replays stay collective).
-std::vector<Group> groups();
+COMMS_API std::vector<Group> groups();
 
 }  // namespace comms::dist

@@ -2,6 +2,8 @@
 // the plugin boundary (plugins never throw into libcomms).
 #pragma once
 
+#include "comms/export.h"
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -52,7 +54,7 @@ struct Status {
 // Thrown by every public call. what() reads like
 //   "comms[world rank 2/4] all_reduce #17: timeout: no data from rank 3 in 30000 ms"
 // and the parts are available separately for programs that branch on them.
-class Error : public std::runtime_error {
+class COMMS_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message)
       : std::runtime_error(message), code_(code) {}

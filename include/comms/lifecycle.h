@@ -17,6 +17,8 @@
 // same order.
 #pragma once
 
+#include "comms/export.h"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,7 +28,7 @@
 
 namespace comms::dist {
 
-struct OffloadReport {
+struct COMMS_API OffloadReport {
   int groups_offloaded = 0;         // groups with at least one backend released
   int communicators_destroyed = 0;  // each underlying communicator once
   std::vector<std::string> groups;  // their names, in creation order
@@ -37,7 +39,7 @@ struct OffloadReport {
   std::string to_string() const;
 };
 
-struct ReloadReport {
+struct COMMS_API ReloadReport {
   int groups_reloaded = 0;
   int communicators_created = 0;
 };
@@ -45,19 +47,19 @@ struct ReloadReport {
 // Releases the backends of `device_types` (default: every non-CPU type) in
 // every group this process created. Ops on a released backend fail at once
 // with an error that says it is offloaded and how to reload it.
-OffloadReport offload_groups(const std::vector<DeviceType>& device_types = {});
+COMMS_API OffloadReport offload_groups(const std::vector<DeviceType>& device_types = {});
 // Recreates every offloaded backend from its group's spec.
-ReloadReport reload_groups();
+COMMS_API ReloadReport reload_groups();
 
 // Destroys what the library created (groups made while a Session was alive,
 // and the world when a Session created it), in reverse creation order.
 // Leaves what the application created intact. Idempotent.
-void shutdown();
+COMMS_API void shutdown();
 
 // RAII ownership of the process-group state. If no world exists, the
 // session creates it and destroys it when it ends; if the application
 // already initialised one, the session uses it and leaves it intact.
-class Session {
+class COMMS_API Session {
  public:
   explicit Session(const InitOptions& options = {});
   ~Session();  // shutdown(); failures are logged (destructors cannot raise)

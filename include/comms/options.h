@@ -1,6 +1,8 @@
 // Options of a communicator and of a single operation.
 #pragma once
 
+#include "comms/export.h"
+
 #include <chrono>
 #include <functional>
 #include <map>
@@ -22,8 +24,8 @@ using Hints = std::map<std::string, std::string, std::less<>>;
 // comms::Error(kInvalidArgument) on an item without '=' and on a key given
 // twice. (A key given both bare and prefixed, "max_ctas" and
 // "nccl.max_ctas", is an error when the comm routes its hints.)
-Hints parse_hints(const std::string& text);
-std::string format_hints(const Hints& hints);
+COMMS_API Hints parse_hints(const std::string& text);
+COMMS_API std::string format_hints(const Hints& hints);
 
 struct CommOptions {
   // Unset timeouts come from COMMS_INIT_TIMEOUT / COMMS_OP_TIMEOUT, else from

@@ -15,6 +15,8 @@
 // options and offload/reload (lifecycle.h) apply to them like to any group.
 #pragma once
 
+#include "comms/export.h"
+
 #include <chrono>
 #include <map>
 #include <optional>
@@ -38,7 +40,7 @@ inline constexpr int kMaxWorldSize = 1 << 20;
 // axes, leftmost varying fastest; axes of size 1 that it leaves out are
 // appended; leaving out an axis larger than 1 is an error. ep and cp are never
 // both above 1 (Megatron keeps cp in the dense generator, ep in the expert one).
-class RankGenerator {
+class COMMS_API RankGenerator {
  public:
   // Throws kInvalidArgument naming the problem.
   RankGenerator(int tp, int ep, int dp, int pp, int cp, std::string_view order = "tp-cp-ep-dp-pp",
@@ -90,7 +92,7 @@ struct ParallelConfig {
 };
 
 // The group names of a collection, in creation order.
-const std::vector<std::string>& group_names();
+COMMS_API const std::vector<std::string>& group_names();
 
 // One planned group: what initialize_model_parallel creates, computed without
 // any communicator (comms-info --parallel prints it).
@@ -101,7 +103,7 @@ struct PlannedGroup {
   BackendOptions options;
 };
 
-struct ParallelPlan {
+struct COMMS_API ParallelPlan {
   int world_size = 0;  // of the collection (not counting rank_offset)
   int dp = 1;
   int expert_tp = 1;
@@ -115,10 +117,10 @@ struct ParallelPlan {
 // config.backend is empty; it decides whether NCCL options may be given (NCCL
 // options for a group without an nccl backend are an error, since a Gloo
 // communicator would reject them). Throws kInvalidArgument with the reason.
-ParallelPlan plan_model_parallel(const ParallelConfig& config, int world_size,
+COMMS_API ParallelPlan plan_model_parallel(const ParallelConfig& config, int world_size,
                                  std::string_view world_backend = "");
 
-class ProcessGroupCollection {
+class COMMS_API ProcessGroupCollection {
  public:
   struct Entry {
     Group group;           // this rank's group; empty if it is in none
@@ -160,7 +162,7 @@ class ProcessGroupCollection {
 
 // Collective over the world: every rank calls it with the same config. Each
 // group is created with new_group, named "<prefix>.<group>.<index>".
-ProcessGroupCollection initialize_model_parallel(const ParallelConfig& config);
+COMMS_API ProcessGroupCollection initialize_model_parallel(const ParallelConfig& config);
 
 // Per-group communicator options in Megatron's --nccl-communicator-config-path
 // layout:
@@ -170,8 +172,8 @@ ProcessGroupCollection initialize_model_parallel(const ParallelConfig& config);
 //   dp_gloo: {gloo: {busy_poll: true}}      # comms' extension for Gloo groups
 // Unknown group names, unknown keys and mistyped values are errors naming
 // them. Megatron accepts only IB or Socket as net_name; so does this.
-std::map<std::string, BackendOptions> parse_communicator_config(std::string_view yaml_text);
-std::map<std::string, BackendOptions> load_communicator_config(const std::string& path);
+COMMS_API std::map<std::string, BackendOptions> parse_communicator_config(std::string_view yaml_text);
+COMMS_API std::map<std::string, BackendOptions> load_communicator_config(const std::string& path);
 
 // "world=16,tp=2,pp=4,cp=1,ep=1,etp=1,dp=4,order=tp-pp-dp,rank_offset=0", as
 // comms-info --parallel and the example trainer take it. dp, if given, must
@@ -181,6 +183,6 @@ struct ParallelFlags {
   std::optional<int> world;
   std::optional<int> dp;
 };
-ParallelFlags parse_parallel_flags(std::string_view text);
+COMMS_API ParallelFlags parse_parallel_flags(std::string_view text);
 
 }  // namespace comms::dist

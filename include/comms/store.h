@@ -7,6 +7,8 @@
 // All stores are safe to use from several threads.
 #pragma once
 
+#include "comms/export.h"
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -17,7 +19,7 @@
 
 namespace comms {
 
-class Store {
+class COMMS_API Store {
  public:
   virtual ~Store() = default;
 
@@ -59,10 +61,10 @@ class Store {
 // COMMS_STORE_TOKEN_FILE, and uses none when both are unset. A server that
 // refuses the client, or a server that cannot prove the token, is an
 // Error(kInvalidArgument) naming the store's address and the reason.
-std::shared_ptr<Store> connect_tcp_store(const std::string& host, uint16_t port,
+COMMS_API std::shared_ptr<Store> connect_tcp_store(const std::string& host, uint16_t port,
                                          std::chrono::milliseconds connect_timeout);
 // The same with an explicit token ("": none).
-std::shared_ptr<Store> connect_tcp_store(const std::string& host, uint16_t port,
+COMMS_API std::shared_ptr<Store> connect_tcp_store(const std::string& host, uint16_t port,
                                          std::chrono::milliseconds connect_timeout,
                                          const std::string& token);
 
@@ -96,7 +98,7 @@ struct TcpStoreServerOptions {
 // an error logged; the server keeps serving everyone else. Every socket it
 // opens is close-on-exec. Without a token on an address other than loopback,
 // it logs a warning that anyone who can reach it can read and write keys.
-class TcpStoreServer {
+class COMMS_API TcpStoreServer {
  public:
   static constexpr size_t kDefaultMaxFrameBytes = TcpStoreServerOptions::kDefaultMaxFrameBytes;
 
@@ -119,18 +121,18 @@ class TcpStoreServer {
   bool requires_token() const;
 
  private:
-  class Impl;
+  class COMMS_LOCAL Impl;
   std::unique_ptr<Impl> impl_;
 };
 
 // A store on a shared file system: one file per key under `directory`, which
 // is created if missing. Waits poll with a short back-off.
-std::shared_ptr<Store> make_file_store(const std::string& directory);
+COMMS_API std::shared_ptr<Store> make_file_store(const std::string& directory);
 
 // A store living in this process, for single-process jobs and tests.
-std::shared_ptr<Store> make_memory_store();
+COMMS_API std::shared_ptr<Store> make_memory_store();
 
 // Prefixes every key with "<prefix>/" on `base`.
-std::shared_ptr<Store> make_prefix_store(const std::string& prefix, std::shared_ptr<Store> base);
+COMMS_API std::shared_ptr<Store> make_prefix_store(const std::string& prefix, std::shared_ptr<Store> base);
 
 }  // namespace comms

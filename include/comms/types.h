@@ -2,6 +2,8 @@
 // that every operation of the Comm API takes.
 #pragma once
 
+#include "comms/export.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -92,7 +94,7 @@ constexpr std::string_view to_string(DataType t) {
 // Accepts the names above plus the common aliases (float, double, half, bf16,
 // int, long, fp8_e4m3, ...). Throws comms::Error(kInvalidArgument) naming the
 // accepted names.
-DataType parse_data_type(std::string_view text);
+COMMS_API DataType parse_data_type(std::string_view text);
 
 enum class ReduceKind : uint8_t {
   kSum,
@@ -147,8 +149,8 @@ constexpr std::string_view to_string(ReduceKind k) {
 }
 // "sum", "prod"/"product", "min", "max", "avg", "band", "bor", "bxor",
 // "premul_sum:<factor>". Throws comms::Error(kInvalidArgument).
-ReduceOp parse_reduce_op(std::string_view text);
-std::string to_string(const ReduceOp& op);
+COMMS_API ReduceOp parse_reduce_op(std::string_view text);
+COMMS_API std::string to_string(const ReduceOp& op);
 
 // Whether the reduction is defined for the element type, independent of any
 // backend: bitwise ops need integers or bool, avg and premul_sum need numbers.
@@ -168,11 +170,11 @@ constexpr bool reduction_defined(DataType t, ReduceKind k) {
 
 enum class DeviceType : uint8_t { kCpu = 0, kCuda = 1 };
 inline constexpr int kNumDeviceTypes = 2;
-std::string_view to_string(DeviceType t);
+COMMS_API std::string_view to_string(DeviceType t);
 // "cpu" or "cuda". Throws comms::Error(kInvalidArgument).
-DeviceType parse_device_type(std::string_view text);
+COMMS_API DeviceType parse_device_type(std::string_view text);
 
-struct Device {
+struct COMMS_API Device {
   DeviceType type = DeviceType::kCpu;
   int index = -1;  // -1: unspecified; for cuda that means the local rank
 

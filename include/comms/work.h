@@ -1,6 +1,8 @@
 // The handle of an operation.
 #pragma once
 
+#include "comms/export.h"
+
 #include <memory>
 #include <string>
 
@@ -13,7 +15,7 @@ namespace detail {
 class WorkState;
 }
 
-class Work {
+class COMMS_API Work {
  public:
   // A completed, successful work (what synchronous calls return).
   Work() = default;

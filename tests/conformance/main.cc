@@ -16,10 +16,8 @@
 #include <thread>
 
 #include "device_memory.h"
-#include "dist/dist_state.h"
-#include "env.h"
+#include "comms/env.h"
 #include "harness.h"
-#include "plugin_registry.h"
 
 namespace comms::conformance {
 namespace {
@@ -325,9 +323,7 @@ std::string cuda_unavailable(const std::string& backend) {
     // The default map only has a cuda entry when a CUDA device is present.
     const BackendSpec spec = BackendSpec::parse(backend);
     if (!spec.has(DeviceType::kCuda)) return "no CUDA device (backend '" + spec.to_string() + "' has no cuda entry)";
-    const auto& plugin = internal::PluginRegistry::instance().get(spec.backend_for(DeviceType::kCuda));
-    const auto* d = plugin.descriptor;
-    if (!d->device_count || d->device_count(DeviceType::kCuda) <= 0) return "no CUDA device";
+    if (plugin_device_count(spec.backend_for(DeviceType::kCuda), DeviceType::kCuda) <= 0) return "no CUDA device";
   } catch (const Error& e) {
     return std::string("no CUDA device (") + e.what() + ")";
   }
@@ -341,7 +337,7 @@ std::string cuda_unavailable(const std::string& backend) {
 std::shared_ptr<Comm> dist_groups(const Shape& shape, int size) {
   auto member_of = [](const std::vector<dist::Group>& made) {
     for (const auto& g : made) {
-      if (g) return g.state()->comm;
+      if (g) return g.shared_comm();
     }
     return std::shared_ptr<Comm>();
   };
@@ -360,7 +356,7 @@ std::shared_ptr<Comm> dist_groups(const Shape& shape, int size) {
     for (int r : list) global.back().push_back(reversed[static_cast<size_t>(r)]);
   }
   dist::Group mine = dist::split_group(parent, global);
-  return mine ? mine.state()->comm : nullptr;
+  return mine ? mine.shared_comm() : nullptr;
 }
 
 int run_suite(SuiteOptions options) {
@@ -392,7 +388,7 @@ int run_suite(SuiteOptions options) {
       init.backend = options.backend;
       init.device = device;
       init.timeout = options.op_timeout;
-      world = dist::init_process_group(init).state()->comm;
+      world = dist::init_process_group(init).shared_comm();
     } else {
       CommOptions co;
       co.op_timeout = options.op_timeout;
@@ -523,7 +519,7 @@ int main(int argc, char** argv) {
     options.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(op_timeout_s * 1000));
     options.case_timeout = std::chrono::milliseconds(static_cast<int64_t>(case_timeout_s * 1000));
     if (!options.plugin.empty()) {
-      const auto& loaded = comms::internal::PluginRegistry::instance().load_file(options.plugin);
+      const auto loaded = comms::load_plugin(options.plugin);
       options.backend = device + ":" + loaded.name;
     }
     return comms::conformance::run_suite(options);

@@ -1,0 +1,102 @@
+// The public introspection calls (comms/info.h) and the Comm accessors that
+// expose its bootstrap: thin wrappers over the registry, the hint router and
+// the environment table.
+#include "comms/info.h"
+
+#include <nlohmann/json.hpp>
+
+#include "comm_impl.h"
+#include "env.h"
+#include "plugin_registry.h"
+#include "strutil.h"
+
+namespace comms {
+namespace {
+
+PluginInfo info_of(const std::string& name, const std::string& path,
+                   const plugin::PluginDescriptor* d, const std::string& error) {
+  PluginInfo info{name, path, "", {}, {}, error};
+  if (!d) return info;
+  info.version = d->version ? d->version : "";
+  for (int t = 0; t < kNumDeviceTypes; ++t) {
+    if (d->device_types & plugin::device_bit(static_cast<DeviceType>(t))) {
+      info.devices.push_back(static_cast<DeviceType>(t));
+    }
+  }
+  for (const char* const* k = d->hint_keys; k && *k; ++k) info.hint_keys.emplace_back(*k);
+  return info;
+}
+
+}  // namespace
+
+int Comm::local_rank() const { return internal::CommAccess::impl(*this).config().local_rank; }
+int Comm::local_size() const { return internal::CommAccess::impl(*this).config().local_size; }
+std::shared_ptr<Store> Comm::store() const { return internal::CommAccess::impl(*this).config().store; }
+
+std::vector<PluginInfo> list_plugins() {
+  std::vector<PluginInfo> out;
+  for (const auto& p : internal::PluginRegistry::instance().discover()) {
+    out.push_back(info_of(p.name, p.path, p.descriptor, p.error));
+  }
+  return out;
+}
+
+std::vector<std::string> plugin_search_path() {
+  return internal::PluginRegistry::instance().search_dirs();
+}
+
+PluginInfo load_plugin(const std::string& path) {
+  const auto& p = internal::PluginRegistry::instance().load_file(path);
+  return info_of(p.name, p.path, p.descriptor, "");
+}
+
+int plugin_device_count(const std::string& backend, DeviceType type) {
+  const auto* d = internal::PluginRegistry::instance().get(backend).descriptor;
+  if (!(d->device_types & plugin::device_bit(type))) return 0;
+  return d->device_count ? d->device_count(type) : -1;
+}
+
+std::string explain_hints(const BackendSpec& spec, const Hints& hints, const std::string& comm_name) {
+  auto routed = internal::route_hints(hints, spec, comm_name);
+  nlohmann::json out = nlohmann::json::object();
+  for (int t = 0; t < kNumDeviceTypes; ++t) {
+    const auto type = static_cast<DeviceType>(t);
+    if (!spec.has(type)) continue;
+    const auto& plugin = internal::PluginRegistry::instance().get(spec.backend_for(type));
+    if (!plugin.descriptor->explain_hints) {
+      if (!routed[t].empty()) {
+        throw Error(ErrorCode::kUnsupported,
+                    str::cat("backend '", plugin.name, "' cannot explain hints without a comm"));
+      }
+      continue;
+    }
+    std::string text;
+    Status s = plugin.descriptor->explain_hints(routed[t], &text);
+    if (!s.is_ok()) throw Error(s.code, str::cat(plugin.name, ": ", s.message));
+    nlohmann::json explained;  // items() must not outlive it
+    try {
+      explained = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorCode::kInternal, str::cat("plugin '", plugin.name, "' explained hints as invalid JSON (",
+                                                 e.what(), "): ", text));
+    }
+    for (auto& [k, v] : explained.items()) out[k] = v;
+  }
+  return out.dump();
+}
+
+std::vector<EnvironmentEntry> environment() {
+  std::vector<EnvironmentEntry> out;
+  for (const auto& v : env::documented()) {
+    std::string name = v.name;
+    if (name.find('<') != std::string::npos) continue;  // a family, listed below
+    auto value = env::get(name);
+    // A secret is shown as set, never returned: this ends up in logs.
+    if (value && name == "COMMS_STORE_TOKEN") value = "(set, not shown)";
+    out.push_back({name, value});
+  }
+  for (const auto& [name, value] : env::with_prefix("COMMS_BACKEND_LIB_")) out.push_back({name, value});
+  return out;
+}
+
+}  // namespace comms

@@ -1,0 +1,119 @@
+#include "options.h"
+
+#include <cmath>
+#include <fstream>
+#include <tuple>
+
+#include "comms/error.h"
+#include "strutil.h"
+
+namespace comms::bench {
+
+using plugin::OpType;
+
+double one(int) { return 1; }
+double all_reduce_factor(int n) { return 2.0 * (n - 1) / n; }
+double gather_factor(int n) { return double(n - 1) / n; }
+
+const OpInfo kOps[kNumOps] = {
+    {"all_reduce", OpType::kAllReduce, all_reduce_factor, false},
+    {"all_gather", OpType::kAllGather, gather_factor, true},
+    {"reduce_scatter", OpType::kReduceScatter, gather_factor, true},
+    {"broadcast", OpType::kBroadcast, one, false},
+    {"reduce", OpType::kReduce, one, false},
+    {"all_to_all", OpType::kAllToAll, gather_factor, true},
+    {"gather", OpType::kGather, gather_factor, true},
+    {"scatter", OpType::kScatter, gather_factor, true},
+    {"barrier", OpType::kBarrier, one, false},
+    {"send_recv", OpType::kSend, one, false},
+};
+
+void bad_flag(std::string_view flag, const std::string& why) {
+  throw Error(ErrorCode::kInvalidArgument, str::cat(flag, why));
+}
+
+// "4096", "4K", "1.5M", "2G" (binary units): a whole number of bytes, at most kMaxBytes.
+size_t parse_size(const std::string& text, std::string_view flag) {
+  std::string_view t = str::strip(text);
+  double scale = 1;
+  if (!t.empty()) {
+    switch (t.back()) {
+      case 'K': case 'k': scale = 1024; t.remove_suffix(1); break;
+      case 'M': case 'm': scale = 1024.0 * 1024; t.remove_suffix(1); break;
+      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; t.remove_suffix(1); break;
+      default: break;
+    }
+  }
+  double v = 0;
+  // !(v >= 0) also rejects NaN.
+  if (!str::parse_double(t, &v) || !(v >= 0) || v * scale != std::floor(v * scale)) {
+    bad_flag(flag, str::cat("='", text, "' is not a size in bytes; use e.g. 4096, 4K, 1M or 2G (binary units)"));
+  }
+  if (v * scale > double(kMaxBytes)) {
+    bad_flag(flag, str::cat("='", text, "' is more than comms-bench runs, ", kMaxBytes >> 30, "G"));
+  }
+  return static_cast<size_t>(v * scale);
+}
+
+// MemAvailable from /proc/meminfo, or 0 when unknown.
+size_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  size_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+void check_range(const std::string& min_text, const std::string& max_text, size_t lo, size_t hi, size_t unit,
+                 const std::string& unit_why) {
+  if (lo > hi) {
+    bad_flag("-b/--minbytes", str::cat("='", min_text, "' (", lo, " bytes) is above -e/--maxbytes='", max_text, "' (",
+                                       hi, " bytes); give a minimum at most the maximum"));
+  }
+  for (auto [flag, text, bytes] : {std::tuple{"-b/--minbytes", &min_text, lo}, {"-e/--maxbytes", &max_text, hi}}) {
+    if (bytes % unit != 0) {
+      bad_flag(flag, str::cat("='", *text, "' (", bytes, " bytes) is not a multiple of ", unit, " bytes (", unit_why,
+                              ")"));
+    }
+  }
+}
+
+void add_flags(CLI::App& app, Flags& flags) {
+  std::vector<std::string> op_names;
+  for (const auto& o : kOps) op_names.emplace_back(o.name);
+  app.add_option("-o,--op", flags.op_name, "operation")->check(CLI::IsMember(op_names));
+  app.add_option("-b,--minbytes", flags.min_size, "smallest size (K, M, G suffixes)");
+  app.add_option("-e,--maxbytes", flags.max_size, "largest size");
+  app.add_option("-f,--stepfactor", flags.factor, "size multiplier between rows")->check(CLI::Range(1.01, 1e9));
+  app.add_option("-d,--datatype", flags.dtype_name, "data type");
+  app.add_option("-r,--redop", flags.redop_name, "reduce op");
+  app.add_option("-n,--iters", flags.iters, "timed iterations")->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup", flags.warmup, "warm-up iterations")->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--check", flags.check, "1: check results and report #wrong")->check(CLI::Range(0, 1));
+  app.add_flag("--inplace", flags.inplace, "only in-place");
+  app.add_flag("--outofplace", flags.outofplace, "only out-of-place (default: both)");
+  app.add_option("--backend", flags.backend, "backend string (default COMMS_BACKEND, else the default map)");
+  app.add_option("--json", flags.json_path, "write the results as JSON");
+  app.add_option("--device", flags.device_name, "where the buffers live: cpu, or cuda (the local rank's GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--hint", flags.hint_texts, "a comm hint KEY=VALUE, e.g. nccl.max_ctas=4 (repeatable)");
+  app.add_flag("--raw-gloo", flags.raw_gloo, "time the Gloo backend's algorithm called directly, without libcomms");
+  app.add_flag("--gloo-native", flags.gloo_native,
+               "time Gloo's own algorithm classes directly where the backend runs its own algorithms")
+      ->excludes("--raw-gloo");
+  app.add_flag("--raw-nccl", flags.raw_nccl,
+               "with --device cuda: time the same op called straight through NCCL, on a communicator with the "
+               "plugin's config for this comm's hints, on the same stream")
+      ->excludes("--raw-gloo")
+      ->excludes("--gloo-native");
+  app.add_flag("--overhead", flags.overhead,
+               "time each op through comms and through the raw baseline in alternation; report both (raw Gloo, "
+               "same algorithm, on cpu; raw NCCL on cuda)")
+      ->excludes("--raw-gloo")
+      ->excludes("--gloo-native")
+      ->excludes("--raw-nccl");
+}
+
+}  // namespace comms::bench

@@ -1,0 +1,57 @@
+// comms-bench's flags and the checks on them that need no communicator.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "comms/plugin.h"
+
+namespace comms::bench {
+
+struct OpInfo {
+  const char* name;
+  plugin::OpType type;
+  // busbw = algbw * factor(n), as nccl-tests defines it.
+  double (*bus_factor)(int n);
+  // How many elements the op's "count" is for a size in bytes (the size is
+  // the largest buffer: nccl-tests' convention).
+  bool size_is_total;
+};
+
+constexpr int kNumOps = 10;
+extern const OpInfo kOps[kNumOps];
+
+// The largest size a row may have. Each rank holds two buffers of it.
+constexpr size_t kMaxBytes = size_t{1} << 40;
+
+// Every flag, as given.
+struct Flags {
+  std::string op_name = "all_reduce", min_size = "4K", max_size = "4K", dtype_name = "float32", redop_name = "sum";
+  std::string backend, json_path, device_name = "cpu";
+  std::vector<std::string> hint_texts;
+  double factor = 2;
+  int iters = 20, warmup = 5, check = 0;
+  bool inplace = false, outofplace = false, raw_gloo = false, gloo_native = false, overhead = false;
+  bool raw_nccl = false;
+
+  bool has_raw() const { return raw_gloo || gloo_native || raw_nccl || overhead; }
+};
+
+void add_flags(CLI::App& app, Flags& flags);
+
+// Throws comms::Error(kInvalidArgument) "<flag><why>".
+[[noreturn]] void bad_flag(std::string_view flag, const std::string& why);
+// "4096", "4K", "1M", "2G" (binary units) in bytes; `flag` names it in errors.
+size_t parse_size(const std::string& text, std::string_view flag);
+// MemAvailable of /proc/meminfo in bytes, 0 if unknown.
+size_t available_memory();
+// Rejects a range this run cannot do. `unit`: the bytes a size must be a
+// multiple of (one element, or one per rank where the size is the total).
+void check_range(const std::string& min_text, const std::string& max_text, size_t lo, size_t hi, size_t unit,
+                 const std::string& unit_why);
+
+}  // namespace comms::bench

@@ -1,0 +1,247 @@
+#include "runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+#include "comms/numeric.h"
+
+namespace comms::bench {
+
+using plugin::OpType;
+using Clock = std::chrono::steady_clock;
+
+Bench::Shape Bench::prepare(size_t bytes, bool in_place) {
+  Shape s;
+  s.n = comm_->size();
+  s.rank = comm_->rank();
+  s.es = element_size(dtype_);
+  // count: the op's per-rank element count (OpDesc convention).
+  s.count = bytes / s.es;
+  if (op_.size_is_total) s.count /= static_cast<size_t>(s.n);
+  s.big = op_.size_is_total ? s.count * s.n : s.count;
+  s.in_place = in_place;
+  in_.assign(s.big * s.es + 64, 0);
+  out_.assign(s.big * s.es + 64, 0);
+  // The host buffers are the device buffers' mirrors on cuda: filled and
+  // checked here, copied on the bench's stream.
+  if (cuda_) cuda_->reserve(in_.size());
+  s.in_base = cuda_ ? cuda_->input() : in_.data();
+  s.out_base = cuda_ ? cuda_->output() : out_.data();
+  s.device = cuda_ ? Device::cuda(cuda_->device()) : Device::cpu();
+  s.opts.stream = cuda_ ? cuda_->stream() : nullptr;
+  s.peer = s.rank ^ 1;
+  if (op_.type == OpType::kSend && s.peer >= s.n) throw std::invalid_argument("send_recv needs an even number of ranks");
+  return s;
+}
+
+void Bench::fill(const Shape& s) {
+  for (size_t i = 0; i < s.big; ++i) numeric::store_from_double(in_.data(), dtype_, i, double((s.rank + 1) + i % 3));
+  if (s.in_place) std::copy(in_.begin(), in_.end(), out_.begin());
+  if (cuda_) cuda_->upload(in_, out_);
+}
+
+void Bench::issue(const Shape& s, bool use_raw) {
+  const size_t count = s.count, es = s.es;
+  const int n = s.n, rank = s.rank, peer = s.peer;
+  const bool in_place = s.in_place;
+  uint8_t* const in_base = s.in_base;
+  uint8_t* const out_base = s.out_base;
+  const OpOptions& opts = s.opts;
+  void* output = in_place ? in_base : out_base;
+  if (use_raw && cuda_) {
+    cuda_->run_raw(op_.type, in_base, output, count, dtype_, redop_, 0, peer);
+    return;
+  }
+  if (use_raw) {
+    raw_->run(op_.type, in_.data(), output, count, dtype_, redop_.kind, 0, peer);
+    return;
+  }
+  BufferView in{in_base, count, dtype_, s.device};
+  BufferView out{output, count, dtype_, s.device};
+  switch (op_.type) {
+    case OpType::kAllReduce: comm_->all_reduce(in, out, redop_, opts); break;
+    case OpType::kReduce: comm_->reduce(in, out, 0, redop_, opts); break;
+    case OpType::kBroadcast: comm_->broadcast(in, 0, opts); break;
+    case OpType::kAllGather:
+      out.count = count * n;
+      if (in_place) in.data = in_base + rank * count * es;
+      comm_->all_gather(in, out, opts);
+      break;
+    case OpType::kReduceScatter:
+      in.count = count * n;
+      if (in_place) out.data = in_base + rank * count * es;
+      comm_->reduce_scatter(in, out, redop_, opts);
+      break;
+    case OpType::kAllToAll:
+      in.count = out.count = count * n;
+      comm_->all_to_all(in, out, opts);
+      break;
+    case OpType::kGather:
+      out.count = count * n;
+      if (in_place) in.data = out_base + 0;  // root 0's slice
+      comm_->gather(in, out, 0, opts);
+      break;
+    case OpType::kScatter:
+      in.count = count * n;
+      if (in_place && rank == 0) out.data = in_base;
+      comm_->scatter(in, out, 0, opts);
+      break;
+    case OpType::kBarrier: comm_->barrier(opts); break;
+    case OpType::kSend: {
+      const P2POp ops[] = {P2POp::send(in, peer), P2POp::recv(out, peer)};
+      comm_->batch_p2p(ops, opts);
+      break;
+    }
+    default: break;
+  }
+}
+
+// On cuda an op is done when the bench's stream is (bench_cuda.h says why
+// this and not events).
+double Bench::timed(const Shape& s, bool use_raw) {
+  const auto start = Clock::now();
+  issue(s, use_raw);
+  if (cuda_) cuda_->synchronize();
+  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+}
+
+int64_t Bench::check(const Shape& s, bool primary_raw) {
+  int64_t wrong = 0;
+  // --overhead checks both sides.
+  for (bool side : overhead_ ? std::vector<bool>{false, true} : std::vector<bool>{primary_raw}) {
+    timed(s, side);
+    if (cuda_) cuda_->download(in_, out_);
+    wrong += count_wrong(s.count, s.in_place, s.rank, s.n, s.peer);
+    fill(s);
+  }
+  comm_->all_reduce(BufferView::of(&wrong, 1), ReduceOp::sum());
+  return wrong;
+}
+
+Row Bench::run(size_t bytes, bool in_place) {
+  const Shape s = prepare(bytes, in_place);
+  fill(s);
+  // The timed op: raw Gloo for --raw-gloo, else comms; --overhead times
+  // both, alternating per iteration so that noise hits them alike.
+  const bool primary_raw = has_raw_ && !overhead_;
+  const int64_t wrong = check_ ? check(s, primary_raw) : 0;
+  for (int i = 0; i < warmup_; ++i) {
+    timed(s, primary_raw);
+    if (overhead_) timed(s, true);
+  }
+  std::vector<double> times(static_cast<size_t>(iters_)), raw_times(overhead_ ? times.size() : 0);
+  for (int i = 0; i < iters_; ++i) {
+    const auto k = static_cast<size_t>(i);
+    // Odd iterations run raw first, so neither side always follows the other.
+    if (overhead_ && i % 2) raw_times[k] = timed(s, true);
+    times[k] = timed(s, primary_raw);
+    if (overhead_ && i % 2 == 0) raw_times[k] = timed(s, true);
+  }
+  return summarize(s, times, raw_times, wrong, primary_raw);
+}
+
+Row Bench::summarize(const Shape& s, std::vector<double>& times, std::vector<double>& raw_times, int64_t wrong,
+                     bool primary_raw) const {
+  const size_t count = s.count, es = s.es;
+  const int n = s.n;
+  // Each iteration takes as long as its slowest rank.
+  comm_->all_reduce(BufferView::of(times), ReduceOp::max());
+  if (overhead_) comm_->all_reduce(BufferView::of(raw_times), ReduceOp::max());
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  Row row;
+  row.op = op_.name;
+  row.dtype = std::string(to_string(dtype_));
+  row.redop = to_string(redop_);
+  row.placement = s.in_place ? "in-place" : "out-of-place";
+  row.bytes = op_.type == OpType::kBarrier ? 0 : (op_.size_is_total ? count * n * es : count * es);
+  row.count = count;
+  row.mean_us = std::accumulate(times.begin(), times.end(), 0.0) / std::max<size_t>(1, times.size());
+  row.p50_us = sorted[sorted.size() / 2];
+  row.p99_us = sorted[std::min(sorted.size() - 1, sorted.size() * 99 / 100)];
+  row.algbw = row.mean_us > 0 ? double(row.bytes) / (row.mean_us * 1e3) : 0;  // GB/s
+  row.busbw = row.algbw * op_.bus_factor(n);
+  row.wrong = wrong;
+  row.raw = primary_raw;
+  if (overhead_) {
+    std::vector<double> raw_sorted = raw_times;
+    std::sort(raw_sorted.begin(), raw_sorted.end());
+    row.raw_p50_us = raw_sorted[raw_sorted.size() / 2];
+    row.raw_mean_us = std::accumulate(raw_times.begin(), raw_times.end(), 0.0) / double(raw_times.size());
+  }
+  row.algorithm = cuda_         ? cuda_->algorithm(op_.type)
+                  : primary_raw ? raw_->algorithm(op_.type, count * es)
+                  : comm_->backends().backend_for(DeviceType::kCpu) == "gloo"
+                      ? std::string(gloo_backend::algorithm_name(
+                            op_.type, gloo_backend::sync_algorithm_for(op_.type, count * es, n)))
+                      : std::string();
+  return row;
+}
+
+// Checks the output against the closed form for the values fill() wrote.
+int64_t Bench::count_wrong(size_t count, bool in_place, int rank, int n, int peer) const {
+  const uint8_t* out = in_place ? in_.data() : out_.data();
+  auto value = [&](int r, size_t i) { return double((r + 1) + i % 3); };
+  auto same = [&](const uint8_t* buf, size_t i, double want) {
+    std::vector<uint8_t> cell(8);
+    numeric::store_from_double(cell.data(), dtype_, 0, want);  // round like the type
+    const double w = numeric::load_as_double(cell.data(), dtype_, 0);
+    const double got = numeric::load_as_double(buf, dtype_, i);
+    return std::fabs(got - w) <= 1e-2 * std::max(1.0, std::fabs(w));
+  };
+  int64_t wrong = 0;
+  auto reduced = [&](size_t i) {
+    double acc = redop_.kind == ReduceKind::kProduct ? 1 : 0;
+    double mx = -1e300, mn = 1e300;
+    for (int r = 0; r < n; ++r) {
+      acc = redop_.kind == ReduceKind::kProduct ? acc * value(r, i) : acc + value(r, i);
+      mx = std::max(mx, value(r, i));
+      mn = std::min(mn, value(r, i));
+    }
+    switch (redop_.kind) {
+      case ReduceKind::kMax: return mx;
+      case ReduceKind::kMin: return mn;
+      case ReduceKind::kAvg: return acc / n;
+      case ReduceKind::kPremulSum: return acc * redop_.scalar;
+      default: return acc;
+    }
+  };
+  switch (op_.type) {
+    case OpType::kAllReduce:
+      for (size_t i = 0; i < count; ++i) wrong += !same(out, i, reduced(i));
+      break;
+    case OpType::kReduce:
+      if (rank == 0)
+        for (size_t i = 0; i < count; ++i) wrong += !same(out, i, reduced(i));
+      break;
+    case OpType::kBroadcast:
+      for (size_t i = 0; i < count; ++i) wrong += !same(in_.data(), i, value(0, i));
+      break;
+    case OpType::kAllGather:
+      for (size_t j = 0; j < count * n; ++j) {
+        const int r = int(j / count);
+        // In place, each rank's input is its own slice of the filled buffer.
+        wrong += !same(in_place ? in_.data() : out_.data(), j, in_place ? value(r, j) : value(r, j % count));
+      }
+      break;
+    case OpType::kReduceScatter:
+      for (size_t i = 0; i < count; ++i) {
+        const uint8_t* buf = in_place ? in_.data() + rank * count * element_size(dtype_) : out_.data();
+        wrong += !same(buf, i, reduced(rank * count + i));
+      }
+      break;
+    case OpType::kAllToAll:
+      for (size_t j = 0; j < count * n; ++j) wrong += !same(out, j, value(int(j / count), rank * count + j % count));
+      break;
+    case OpType::kSend:
+      for (size_t i = 0; i < count; ++i) wrong += !same(out, i, value(peer, i));
+      break;
+    default:
+      break;  // gather/scatter/barrier: timing only
+  }
+  return wrong;
+}
+
+}  // namespace comms::bench

@@ -1,0 +1,78 @@
+// comms-bench's measurement of one op at one size: buffers, the op through
+// comms or its raw baseline, timing over ranks, and the result check.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms.h"
+#include "bench_cuda.h"
+#include "comms/comms.h"
+#include "options.h"
+#include "raw_gloo.h"
+
+namespace comms::bench {
+
+struct Row {
+  std::string op, dtype, redop, placement;
+  size_t bytes = 0, count = 0;
+  double mean_us = 0, p50_us = 0, p99_us = 0, algbw = 0, busbw = 0;
+  int64_t wrong = 0;
+  bool raw = false;
+  std::string algorithm;
+  // --overhead: the same op through raw Gloo (raw NCCL on cuda), timed in
+  // alternation with it.
+  double raw_mean_us = 0, raw_p50_us = 0;
+};
+
+class Bench {
+ public:
+  // `cuda`: buffers on its device and ops on its stream, its raw NCCL as
+  // the baseline; else CPU buffers and `raw` (Gloo). `has_raw`: a baseline
+  // was connected (--raw-*, --overhead).
+  Bench(std::shared_ptr<Comm> comm, const OpInfo& op, DataType dtype, ReduceOp redop, int iters, int warmup,
+        bool check, gloo_backend::RawGloo* raw, CudaBench* cuda, bool has_raw, bool overhead)
+      : comm_(std::move(comm)), op_(op), dtype_(dtype), redop_(redop), iters_(iters), warmup_(warmup),
+        check_(check), raw_(raw), cuda_(cuda), has_raw_(has_raw), overhead_(overhead) {}
+
+  Row run(size_t bytes, bool in_place);
+
+ private:
+  // One row's buffers and op arguments.
+  struct Shape {
+    int n = 1, rank = 0, peer = 0;
+    size_t es = 0, count = 0, big = 0;
+    bool in_place = false;
+    uint8_t* in_base = nullptr;
+    uint8_t* out_base = nullptr;
+    Device device;
+    OpOptions opts;
+  };
+  Shape prepare(size_t bytes, bool in_place);
+  void fill(const Shape& s);
+  void issue(const Shape& s, bool use_raw);
+  // One op until it is done, in microseconds.
+  double timed(const Shape& s, bool use_raw);
+  // The checked run(s) before timing: the wrong elements over all ranks.
+  int64_t check(const Shape& s, bool primary_raw);
+  Row summarize(const Shape& s, std::vector<double>& times, std::vector<double>& raw_times, int64_t wrong,
+                bool primary_raw) const;
+  // Checks the output against the closed form for the values fill() wrote.
+  int64_t count_wrong(size_t count, bool in_place, int rank, int n, int peer) const;
+
+  std::shared_ptr<Comm> comm_;
+  const OpInfo& op_;
+  DataType dtype_;
+  ReduceOp redop_;
+  int iters_, warmup_;
+  bool check_;
+  gloo_backend::RawGloo* raw_;
+  CudaBench* cuda_;
+  bool has_raw_;
+  bool overhead_;
+  std::vector<uint8_t> in_, out_;
+};
+
+}  // namespace comms::bench

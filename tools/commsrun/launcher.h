@@ -1,0 +1,60 @@
+// The launcher of one node: starts its ranks, relays their output, and
+// stops them all as soon as one fails, on a signal or at the deadline. One
+// thread: output, child exits and signals all arrive through one poll(2),
+// signals through a signalfd.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "options.h"
+#include "spawn.h"
+
+namespace commsrun {
+
+using Clock = std::chrono::steady_clock;
+
+class Launcher {
+ public:
+  Launcher(LaunchOptions options, std::string program_path)
+      : options_(std::move(options)), program_path_(std::move(program_path)) {}
+
+  // Starts the ranks and returns the node's exit status once they are done.
+  int run(uint16_t store_port);
+
+ private:
+  bool setup_signals();
+  bool start_rank(int local_rank, uint16_t store_port);
+  int running_count() const;
+  // Signals the rank's process group, or the rank alone if it has none yet.
+  static void signal_rank(const RankProcess& rank, int sig);
+  void begin_stop(int sig);
+  void kill_all();
+  void reap();
+  void read_signals();
+  void check_deadlines(Clock::time_point now);
+  // Output may stay open after every rank exited (a grandchild that left
+  // the rank's process group holds the pipe): wait for it only briefly.
+  static constexpr auto kDrainAfterExit = std::chrono::seconds(1);
+  void event_loop();
+  // (exit_barrier.cc) Node 0's store outlives every node's ranks.
+  int exit_barrier(int code, uint16_t store_port);
+  // SIGINT, SIGTERM or SIGHUP received since the ranks ended, else 0.
+  int pending_stop_signal();
+
+  LaunchOptions options_;
+  std::string program_path_;
+  std::vector<RankProcess> ranks_;
+  int signal_fd_ = -1;
+  bool stopping_ = false;
+  int received_signal_ = 0;
+  std::optional<int> exit_code_;
+  std::optional<Clock::time_point> run_deadline_;
+  std::optional<Clock::time_point> kill_deadline_;
+  std::optional<Clock::time_point> all_exited_at_;
+};
+
+}  // namespace commsrun

@@ -1,0 +1,29 @@
+// commsrun's command line: torchrun-style options, then -- PROGRAM ARGS...
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace commsrun {
+
+struct LaunchOptions {
+  int nproc = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  bool master_port_given = false;
+  int nnodes = 1;
+  int node_rank = 0;
+  double timeout_s = 0;  // 0: none
+  double grace_s = 3;
+  double exit_barrier_s = 300;
+  std::vector<std::string> command;
+  std::string store_token;      // "" : the store is open
+  bool token_generated = false;  // made here: the ranks get it from us
+};
+
+// Parses and checks the command line into *options. Returns the exit status
+// when commsrun must stop here (--help: 0; a usage error, said in one line: 2).
+std::optional<int> parse_command_line(int argc, char** argv, LaunchOptions* options);
+
+}  // namespace commsrun
