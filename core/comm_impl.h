@@ -43,6 +43,8 @@ class WorkState {
   std::string error_message();
 
  private:
+  bool plugin_says_completed();
+
   std::shared_ptr<Comm::Impl> comm_;
   std::unique_ptr<plugin::Work> work_;
   plugin::OpType type_;

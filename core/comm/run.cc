@@ -87,7 +87,14 @@ DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::C
     default:
       break;
   }
-  if (reduces(args.type) && !s.backend->supports_reduction(c.dtype, args.reduce.kind)) {
+  if (!reduces(args.type)) return t;
+  bool supported = false;
+  const Status st = internal::call_plugin(s.plugin->name, "supports_reduction", [&] {
+    supported = s.backend->supports_reduction(c.dtype, args.reduce.kind);
+    return Status{};
+  });
+  if (!st.is_ok()) throw make_error(args.type, next, st);
+  if (!supported) {
     throw make_error(args.type, next,
                      {ErrorCode::kUnsupported, str::cat("backend '", s.plugin->name, "' does not support ",
                                                         to_string(args.reduce.kind), " on ", to_string(c.dtype))});

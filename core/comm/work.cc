@@ -9,7 +9,18 @@ bool WorkState::is_completed() {
   // Not under mu_: a blocking wait() on another thread holds it until the
   // op ends, and is_completed() promises not to block.
   if (done_.load(std::memory_order_acquire)) return true;
-  return work_->is_completed();
+  return plugin_says_completed();
+}
+
+bool WorkState::plugin_says_completed() {
+  bool completed = false;
+  const Status st = internal::call_plugin(comm_->plugin_name(device_type_), "is_completed", [&] {
+    completed = work_->is_completed();
+    return Status{};
+  });
+  // A plugin that cannot tell: report the op as ended, so that the caller's
+  // wait() collects its status (and the plugin's failure, if it has one).
+  return completed || !st.is_ok();
 }
 
 std::optional<Error> WorkState::wait(WaitMode mode) {
@@ -18,7 +29,7 @@ std::optional<Error> WorkState::wait(WaitMode mode) {
   Status st = internal::call_plugin(comm_->plugin_name(device_type_), "wait", [&] { return work_->wait(mode); });
   // A stream wait on a device op only orders the caller's stream: the op may
   // still be running and may still fail, so the Work stays open.
-  if (st.is_ok() && mode == WaitMode::kStream && !work_->is_completed()) return std::nullopt;
+  if (st.is_ok() && mode == WaitMode::kStream && !plugin_says_completed()) return std::nullopt;
   if (!st.is_ok()) {
     error_ = comm_->make_error(type_, seq_, st);
     if (is_fatal(st.code)) comm_->on_fatal(device_type_, *error_);
