@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "comms/error.h"
+#include "backend_select.h"
 #include "plugin_registry.h"
 
 namespace comms {
@@ -122,7 +123,9 @@ BackendSpec BackendSpec::parse(std::string_view text, std::span<const PluginCapa
   return spec;
 }
 
-BackendSpec BackendSpec::select(std::string_view filter) const {
+BackendSpec internal::select_backends(const BackendSpec& parent, std::string_view filter, FilterAdvice advice) {
+  const bool advise = advice == FilterAdvice::kCreateWorld;
+  const std::string listed = parent.to_string();
   BackendSpec child;
   const std::string lowered = str::lower(filter);
   for (std::string_view raw : str::split(lowered, ',', true)) {
@@ -132,30 +135,39 @@ BackendSpec BackendSpec::select(std::string_view filter) const {
     std::vector<DeviceType> types;
     if (colon == item.npos) {
       for (int i = 0; i < kNumDeviceTypes; ++i) {
-        if (backend_for(static_cast<DeviceType>(i)) == backend) types.push_back(static_cast<DeviceType>(i));
+        if (parent.backend_for(static_cast<DeviceType>(i)) == backend) types.push_back(static_cast<DeviceType>(i));
       }
       if (types.empty()) {
         throw Error(ErrorCode::kInvalidArgument,
                     str::cat("Requested backend '", backend, "' is not present in the parent group (parent backends: ",
-                             to_string(), ")"));
+                             listed, ")",
+                             advise ? str::cat("; create the world with it, e.g. init_process_group({.backend = \"",
+                                               listed.empty() ? backend : listed + "," + backend, "\"})")
+                                    : ""));
       }
     } else {
       const DeviceType t = parse_device_type(str::strip(item.substr(0, colon)));  // kInvalidArgument
-      if (!has(t)) {
+      if (!parent.has(t)) {
         throw Error(ErrorCode::kInvalidArgument,
                     str::cat("Requested backend for device '", comms::to_string(t),
-                             "' is not present in the parent group (parent backends: ", to_string(), ")"));
+                             "' is not present in the parent group (parent backends: ", listed, ")",
+                             advise ? "; create the world with a backend for it, e.g. 'cpu:gloo,cuda:nccl'" : ""));
       }
-      if (backend_for(t) != backend) {
+      if (parent.backend_for(t) != backend) {
         throw Error(ErrorCode::kInvalidArgument,
                     str::cat("Requested backend '", backend, "' for device '", comms::to_string(t),
-                             "' differs from the parent's '", backend_for(t), "' (parent backends: ", to_string(), ")"));
+                             "' differs from the parent's '", parent.backend_for(t), "' (parent backends: ", listed,
+                             ")"));
       }
       types.push_back(t);
     }
-    for (DeviceType t : types) child.set(t, backend_for(t));
+    for (DeviceType t : types) child.set(t, parent.backend_for(t));
   }
   return child;
+}
+
+BackendSpec BackendSpec::select(std::string_view filter) const {
+  return internal::select_backends(*this, filter, internal::FilterAdvice::kNone);
 }
 
 BackendSpec BackendSpec::parse(std::string_view text) {

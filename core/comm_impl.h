@@ -1,5 +1,9 @@
 // The implementation behind comms::Comm. Kept in a header so the dist layer
 // and tests can reach the pieces they need; it is not part of the public API.
+// Its definitions live in core/comm/, one file per job: backends.cc (slots,
+// creation, connecting), run.cc (ops and their failures), split.cc,
+// lifecycle.cc (timeouts, hints, abort, finalize, offload, reload),
+// describe.cc, names.cc, hint_routing.cc, work.cc, ops.cc and new_comm.cc.
 #pragma once
 
 #include <array>
@@ -14,6 +18,7 @@
 #include "comms/bootstrap.h"
 #include "comms/comm.h"
 #include "comms/plugin.h"
+#include "comm/plugin_call.h"
 #include "init_progress.h"
 #include "plugin_registry.h"
 #include "validate.h"
@@ -30,6 +35,7 @@ class WorkState {
       : comm_(std::move(comm)), work_(std::move(work)), type_(type), seq_(seq),
         device_type_(device_type) {}
 
+  // Never waits for a wait() in progress on another thread.
   bool is_completed();
   // Waits and returns the error to throw, if any.
   std::optional<Error> wait(WaitMode mode);
@@ -37,15 +43,23 @@ class WorkState {
   std::string error_message();
 
  private:
+  bool plugin_says_completed();
+
   std::shared_ptr<Comm::Impl> comm_;
   std::unique_ptr<plugin::Work> work_;
   plugin::OpType type_;
   uint64_t seq_;
   DeviceType device_type_;
-  std::mutex mu_;
-  std::optional<Error> error_;  // set once the op failed
-  bool done_ = false;
+  std::mutex mu_;  // held through a wait
+  std::optional<Error> error_;  // set once the op failed, before done_
+  std::atomic<bool> done_{false};
 };
+
+// Whether an op error leaves the backend unusable.
+inline bool is_fatal(ErrorCode code) {
+  return code == ErrorCode::kTimeout || code == ErrorCode::kPeerFailure ||
+         code == ErrorCode::kAborted || code == ErrorCode::kInternal;
+}
 
 }  // namespace detail
 
@@ -61,9 +75,15 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     int generation = 0;  // bumped by each reload; part of the store namespace
     bool offloaded_while_lazy = false;  // reload leaves it lazy again
     std::string failure;  // why it failed, for fail-fast messages
+    // Device memory in use after the last offload released the backend
+    // (measured between its finalize and its destruction); -1 if unknown.
+    int64_t memory_after_offload = -1;
   };
 
   // Everything needed to create a comm; also what a reload replays.
+  // op_timeout and hints change at run time (set_timeout, set_hints): they
+  // are written under config_mu_, and read from other threads through
+  // op_timeout() and hints().
   struct Config {
     std::string name;
     std::string rendezvous_ns;  // unique per comm incarnation
@@ -93,6 +113,21 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
 
   Work run(const internal::OpArgs& args, const OpOptions& opts);
 
+  // "comms[name rank r/s]", the start of every message about this comm.
+  std::string prefix() const;
+  // The name of the plugin serving `t` ("" if none), for messages.
+  std::string plugin_name(DeviceType t) const;
+  // An Error for `op` (new_comm, split, reload, ...): "<prefix> <what>".
+  Error error(ErrorCode code, std::string_view what, std::string_view op) const;
+  // Calls `function` of the plugin of backend `t` through call_plugin and
+  // throws error() with "<action>: <reason>" when it fails.
+  template <class F>
+  void call_or_throw(DeviceType t, std::string_view function, std::string_view action, std::string_view op,
+                     F&& f) const {
+    const Status st = internal::call_plugin(plugin_name(t), function, std::forward<F>(f));
+    if (!st.is_ok()) throw error(st.code, str::cat(action, ": ", st.message), op);
+  }
+
   [[noreturn]] void fail_op(plugin::OpType type, uint64_t seq, const Status& status,
                             DeviceType device_type);
   Error make_error(plugin::OpType type, uint64_t seq, const Status& status) const;
@@ -117,7 +152,12 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   // Device memory in use as the backend of `t` sees it; -1 if unknown.
   int64_t device_memory_used(DeviceType t) const;
 
+  // The fields of config() that never change after creation; op_timeout
+  // and hints only on the thread that issues ops.
   const Config& config() const { return config_; }
+  // Safe from any thread.
+  std::chrono::milliseconds op_timeout() const;
+  Hints hints() const;
   BackendState state(DeviceType t) const;
   bool is_failed() const;
 
@@ -129,6 +169,20 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   // Which ranks came to, and how far they got in, connecting backend `t`.
   internal::InitProgress init_progress(DeviceType t) const;
   void flush_barrier(DeviceType t);
+  // Steps of create_backends and split.
+  void create_backend(DeviceType t, const Hints& routed);
+  void check_split_members(const std::vector<int>& members, const std::string& name, int* child_rank) const;
+  BackendSpec split_spec(const SplitOptions& opts, const std::string& name) const;
+  Config child_config(const std::vector<int>& members, int child_rank, const BackendSpec& spec,
+                      const std::string& name, const SplitOptions& opts) const;
+  // Splits each backend of `child.spec`; fills backends/plugins.
+  void split_backends(const Config& child, const std::vector<int>& members, Impl* impl,
+                      std::array<std::unique_ptr<plugin::Backend>, kNumDeviceTypes>* backends,
+                      std::array<const internal::LoadedPlugin*, kNumDeviceTypes>* plugins);
+  plugin::OpDesc op_desc(const internal::OpArgs& args, const OpOptions& opts, const internal::Checked& c,
+                         const Slot& s, uint64_t seq) const;
+  // Which backend runs the op; throws when it cannot run ops.
+  DeviceType op_device(const internal::OpArgs& args, const internal::Checked& c) const;
   Slot& slot(DeviceType t) { return slots_[static_cast<size_t>(t)]; }
   const Slot& slot(DeviceType t) const { return slots_[static_cast<size_t>(t)]; }
 
@@ -136,6 +190,9 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   std::array<Slot, kNumDeviceTypes> slots_;
   // Guards slot state changes against abort()/describe() from other threads.
   mutable std::mutex state_mu_;
+  // Guards config_.op_timeout and config_.hints (set_timeout, set_hints)
+  // against readers on other threads (describe, accessors).
+  mutable std::mutex config_mu_;
   std::atomic<uint64_t> seq_{0};
   bool finalized_ = false;
 };

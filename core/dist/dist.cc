@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend_select.h"
 #include "comm_impl.h"
 #include "dist_state.h"
 #include "env.h"
@@ -39,49 +40,11 @@ std::string qualified_filter(const BackendSpec& parent, const std::string& reque
   // new_group speaks c10d: "gloo" or "cpu:gloo". The split route needs a
   // device-qualified string that includes the parent's default device
   // backend, so build exactly that from the request.
-  BackendSpec child;
-  const std::string lowered = str::lower(requested);
-  for (std::string_view raw : str::split(lowered, ',', true)) {
-    const std::string_view item = str::strip(raw);
-    const auto colon = item.find(':');
-    if (colon == item.npos) {
-      bool found = false;
-      for (int t = 0; t < kNumDeviceTypes; ++t) {
-        if (parent.backend_for(static_cast<DeviceType>(t)) == item) {
-          child.set(static_cast<DeviceType>(t), std::string(item));
-          found = true;
-        }
-      }
-      if (!found) {
-        fail(ErrorCode::kInvalidArgument, group,
-             str::cat("Requested backend '", item, "' is not present in the parent group (parent backends: ",
-                      parent.to_string(), "); create the world with it, e.g. init_process_group({.backend = \"",
-                      parent.to_string().empty() ? std::string(item) : parent.to_string() + "," + std::string(item),
-                      "\"})"));
-      }
-      continue;
-    }
-    DeviceType t;
-    try {
-      t = parse_device_type(str::strip(item.substr(0, colon)));
-    } catch (const Error& e) {
-      fail(ErrorCode::kInvalidArgument, group, e.what());
-    }
-    const std::string backend(str::strip(item.substr(colon + 1)));
-    if (!parent.has(t)) {
-      fail(ErrorCode::kInvalidArgument, group,
-           str::cat("Requested backend for device '", to_string(t),
-                    "' is not present in the parent group (parent backends: ", parent.to_string(),
-                    "); create the world with a backend for it, e.g. 'cpu:gloo,cuda:nccl'"));
-    }
-    if (parent.backend_for(t) != backend) {
-      fail(ErrorCode::kInvalidArgument, group,
-           str::cat("Requested backend '", backend, "' for device '", to_string(t), "' differs from the parent's '",
-                    parent.backend_for(t), "' (parent backends: ", parent.to_string(), ")"));
-    }
-    child.set(t, backend);
+  try {
+    return internal::select_backends(parent, requested, internal::FilterAdvice::kCreateWorld).to_string();
+  } catch (const Error& e) {
+    fail(ErrorCode::kInvalidArgument, group, e.what());
   }
-  return child.to_string();
 }
 
 }  // namespace

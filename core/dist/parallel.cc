@@ -183,7 +183,10 @@ const PlannedGroup* ParallelPlan::find(std::string_view name) const {
   return nullptr;
 }
 
-ParallelPlan plan_model_parallel(const ParallelConfig& c, int world_size, std::string_view world_backend) {
+namespace {
+
+// The data-parallel sizes (dense and expert) the world size leaves.
+ParallelPlan plan_sizes(const ParallelConfig& c, int world_size) {
   check_size("the world size", world_size);
   for (auto [axis, v] : {std::pair{"tp", c.tp}, {"pp", c.pp}, {"cp", c.cp}, {"ep", c.ep}}) check_size(axis, v);
   check_offset(c.rank_offset, world_size);
@@ -204,7 +207,31 @@ ParallelPlan plan_model_parallel(const ParallelConfig& c, int world_size, std::s
                      "*", c.ep, "*", c.pp, " = ", expert_model));
   }
   plan.expert_dp = static_cast<int>(world_size / expert_model);
+  return plan;
+}
 
+// The options of each group by its canonical name (high-priority groups
+// included), checked against the group names.
+std::map<std::string, BackendOptions> options_by_group(const ParallelConfig& c) {
+  std::map<std::string, BackendOptions> options;
+  for (const auto& [raw, o] : c.group_options) {
+    const std::string name = canonical_group_name(raw);
+    check_group_name(name, "group_options");
+    if (options.count(name)) invalid(str::cat("group_options gives '", name, "' twice (directly and by alias)"));
+    options[name] = o;
+  }
+  for (const auto& raw : c.high_priority_groups) {
+    const std::string name = canonical_group_name(raw);
+    check_group_name(name, "high_priority_groups");
+    options[name].nccl.is_high_priority_stream = true;
+  }
+  return options;
+}
+
+}  // namespace
+
+ParallelPlan plan_model_parallel(const ParallelConfig& c, int world_size, std::string_view world_backend) {
+  ParallelPlan plan = plan_sizes(c, world_size);
   const RankGenerator dense(c.tp, 1, plan.dp, c.pp, c.cp, c.order, c.rank_offset);
   const RankGenerator expert(plan.expert_tp, c.ep, plan.expert_dp, c.pp, 1, c.order, c.rank_offset);
   // Both Megatron invariants: pipeline stages are shared by dense and expert
@@ -218,19 +245,7 @@ ParallelPlan plan_model_parallel(const ParallelConfig& c, int world_size, std::s
     invalid(str::cat("order '", c.order, "' gives the dense and expert layers different pipeline groups"));
   }
 
-  std::map<std::string, BackendOptions> options;
-  for (const auto& [raw, o] : c.group_options) {
-    const std::string name = canonical_group_name(raw);
-    check_group_name(name, "group_options");
-    if (options.count(name)) invalid(str::cat("group_options gives '", name, "' twice (directly and by alias)"));
-    options[name] = o;
-  }
-  for (const auto& raw : c.high_priority_groups) {
-    const std::string name = canonical_group_name(raw);
-    check_group_name(name, "high_priority_groups");
-    options[name].nccl.is_high_priority_stream = true;
-  }
-
+  const std::map<std::string, BackendOptions> options = options_by_group(c);
   auto add = [&](std::string name, RankLists lists, std::string backend = {}, std::string options_from = {}) {
     PlannedGroup g;
     g.name = name;

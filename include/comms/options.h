@@ -60,7 +60,8 @@ struct OpOptions {
   Hints hints;
   // The caller's cudaStream_t for CUDA buffers; null is the default stream.
   void* stream = nullptr;
-  // Tag matching send and recv; ignored by collectives.
+  // Tag matching send and recv (and batch_p2p); a collective given a
+  // nonzero tag throws kInvalidArgument.
   uint32_t tag = 0;
 };
 

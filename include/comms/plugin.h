@@ -219,7 +219,7 @@ class Backend {
 
   // Waits for outstanding ops (bounded by their timeouts), then releases
   // connections, memory and threads. Returns any failure to release. After
-  // finalize only the destructor may be called.
+  // finalize only device_memory_used() and the destructor may be called.
   virtual Status finalize() = 0;
 
   // The effective configuration as a JSON object, e.g. {"transport":"tcp",...}.
@@ -231,7 +231,9 @@ class Backend {
 
   // Bytes of device memory in use on this backend's device (the whole
   // device, as cudaMemGetInfo reports it), or -1 where that cannot be
-  // measured (CPU). Offload reports it before and after.
+  // measured (CPU). Offload reports it before and after: the "after" is
+  // asked between finalize() and the destructor, so it must not need what
+  // finalize released.
   virtual int64_t device_memory_used() const { return -1; }
 };
 

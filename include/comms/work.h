@@ -26,7 +26,7 @@ class COMMS_API Work {
   // blocks the calling thread instead.
   void wait();
   void blocking_wait();
-  // Non-blocking.
+  // Non-blocking, also while another thread is blocked in wait().
   bool is_completed() const;
   // kOk while pending or after success; the error code once it failed.
   ErrorCode status() const;

@@ -71,6 +71,20 @@ TEST_F(Lifecycle, ADeviceOffloadLeavesTheCpuHalfUntouchedAndReloadRestoresTheSam
   EXPECT_EQ(j["comm"]["backends"]["cuda"]["config"]["hints"]["min_ctas"], "3");
 }
 
+// fakegpu's backend holds 4096 bytes of a device 1 MiB of which others use.
+TEST_F(Lifecycle, TheOffloadReportMeasuresTheDeviceBeforeAndAfterTheBackendIsReleased) {
+  InitOptions init = one_rank("cpu:gloo,cuda:fakegpu");
+  init.options.hints["fakegpu.memory_used"] = "4096";
+  Session session(init);
+  OffloadReport r = offload_groups();
+  EXPECT_EQ(r.device_memory_before, std::optional<int64_t>((1 << 20) + 4096));
+  EXPECT_EQ(r.device_memory_after, std::optional<int64_t>(1 << 20)) << r.to_string();
+  reload_groups();
+  OffloadReport again = offload_groups();  // the reloaded backend holds its memory again
+  EXPECT_EQ(again.device_memory_before, std::optional<int64_t>((1 << 20) + 4096));
+  EXPECT_EQ(again.device_memory_after, std::optional<int64_t>(1 << 20));
+}
+
 TEST_F(Lifecycle, AFailureToDestroyIsRaisedNotSwallowed) {
   InitOptions init = one_rank("cpu:gloo,cuda:fakegpu");
   init.options.hints["fakegpu.fail_finalize"] = "1";

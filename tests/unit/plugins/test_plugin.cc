@@ -6,7 +6,23 @@
 //   when given fail_finalize=1 (failure injection for offload). With
 //   late_timeout=1 every op is a stream-ordered op that ends in a timeout:
 //   wait(kStream) succeeds at once, the failure shows at wait(kBlocking).
+//   fault=<where>:<how> makes one plugin call misbehave, for the guarded
+//   plugin calls of libcomms: <how> is "throw" (a std::runtime_error) or
+//   "null" (ok with no object); <where> is recreate (create() of a comm
+//   name after its first, i.e. a reload), resplit (split() for a child name
+//   after its first, i.e. a reload by split), set_timeout, set_hints,
+//   describe or submit (every op, the flush barrier included).
+//   memory_used=N: the backend holds N bytes of a pretend device (1 MiB in
+//   use by others) until finalize; device_memory_used() reports the device.
+//   block_wait_ms=N: ops are async and their wait() blocks N ms; is_completed
+//   never blocks.
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "comms/plugin.h"
 
@@ -19,7 +35,49 @@
 
 namespace {
 
-const char* const kKeys[] = {"interface", "min_ctas", "fail_finalize", "late_timeout", nullptr};
+const char* const kKeys[] = {"interface",   "min_ctas",      "fail_finalize", "late_timeout", "fault",
+                             "memory_used", "block_wait_ms", nullptr};
+
+constexpr int64_t kOthersBytes = 1 << 20;
+std::atomic<int64_t> g_device_bytes{0};
+
+std::string hint(const comms::Hints& h, const std::string& key) {
+  auto it = h.find(key);
+  return it == h.end() ? std::string() : it->second;
+}
+
+// The misbehaviour `fault` asks of `where`: "throw", "null" or "".
+std::string fault_at(const comms::Hints& h, const std::string& where) {
+  const std::string f = hint(h, "fault");
+  const auto colon = f.find(':');
+  if (colon == std::string::npos || f.substr(0, colon) != where) return {};
+  const std::string how = f.substr(colon + 1);
+  if (how == "throw") throw std::runtime_error("injected: fakegpu " + where + " threw");
+  return how;
+}
+
+// How many times `key` was seen before in this process.
+int seen_before(const std::string& key) {
+  static std::mutex mu;
+  static std::map<std::string, int> counts;
+  std::lock_guard<std::mutex> lock(mu);
+  return counts[key]++;
+}
+
+class BlockingWork : public comms::plugin::Work {
+ public:
+  explicit BlockingWork(int ms) : ms_(ms) {}
+  bool is_completed() override { return done_.load(); }
+  comms::Status wait(comms::WaitMode) override {
+    if (!done_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms_));
+    done_ = true;
+    return {};
+  }
+
+ private:
+  int ms_;
+  std::atomic<bool> done_{false};
+};
 
 int no_devices(comms::DeviceType) { return 0; }
 
@@ -38,9 +96,19 @@ class LateTimeoutWork : public comms::plugin::Work {
 
 class FakeBackend : public comms::plugin::Backend {
  public:
-  explicit FakeBackend(const comms::plugin::BackendInit& init) : init_(init) {}
+  explicit FakeBackend(const comms::plugin::BackendInit& init) : init_(init) {
+    const std::string bytes = hint(init_.hints, "memory_used");
+    held_ = bytes.empty() ? 0 : std::stoll(bytes);
+    g_device_bytes += held_;
+  }
+  ~FakeBackend() override { release(); }
   comms::Status init() override { return {}; }
   comms::Status submit(const comms::plugin::OpDesc&, std::unique_ptr<comms::plugin::Work>* work) override {
+    if (fault_at(init_.hints, "submit") == "null") return {};
+    if (const std::string ms = hint(init_.hints, "block_wait_ms"); !ms.empty()) {
+      *work = std::make_unique<BlockingWork>(std::stoi(ms));
+      return {};
+    }
     auto it = init_.hints.find("late_timeout");
     if (it == init_.hints.end() || it->second != "1") {
       return {comms::ErrorCode::kUnsupported, "fakegpu moves no data"};
@@ -49,20 +117,35 @@ class FakeBackend : public comms::plugin::Backend {
     return {};
   }
   comms::Status split(const comms::plugin::SplitDesc& d, std::unique_ptr<comms::plugin::Backend>* child) override {
+    if (!d.ranks.empty() && seen_before("split:" + d.child.comm_name) > 0 &&
+        fault_at(d.child.hints, "resplit") == "null") {
+      return {};
+    }
     if (!d.ranks.empty()) *child = std::make_unique<FakeBackend>(d.child);
     return {};
   }
-  comms::Status set_hints(const comms::Hints&) override { return {}; }
-  comms::Status set_op_timeout(std::chrono::milliseconds) override { return {}; }
+  comms::Status set_hints(const comms::Hints&) override {
+    fault_at(init_.hints, "set_hints");
+    return {};
+  }
+  comms::Status set_op_timeout(std::chrono::milliseconds) override {
+    fault_at(init_.hints, "set_timeout");
+    return {};
+  }
   void abort(const std::string&) override {}
   comms::Status finalize() override {
     auto it = init_.hints.find("fail_finalize");
     if (it != init_.hints.end() && it->second == "1") {
       return {comms::ErrorCode::kInternal, "injected failure: fakegpu could not free its device memory"};
     }
+    release();
     return {};
   }
+  int64_t device_memory_used() const override {
+    return hint(init_.hints, "memory_used").empty() ? -1 : kOthersBytes + g_device_bytes.load();
+  }
   std::string describe() const override {
+    fault_at(init_.hints, "describe");
     std::string j = "{\"fake\":true,\"hints\":{";
     bool first = true;
     for (const auto& [k, v] : init_.hints) {
@@ -74,10 +157,17 @@ class FakeBackend : public comms::plugin::Backend {
   bool supports_reduction(comms::DataType, comms::ReduceKind) const override { return true; }
 
  private:
+  void release() {
+    g_device_bytes -= held_;
+    held_ = 0;
+  }
+
   comms::plugin::BackendInit init_;
+  int64_t held_ = 0;
 };
 
 comms::Status create(const comms::plugin::BackendInit& init, std::unique_ptr<comms::plugin::Backend>* out) {
+  if (seen_before("create:" + init.comm_name) > 0 && fault_at(init.hints, "recreate") == "null") return {};
   *out = std::make_unique<FakeBackend>(init);
   return {};
 }

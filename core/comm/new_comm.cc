@@ -1,0 +1,102 @@
+// comms::new_comm: the comm's config from its arguments, the launcher's
+// environment and the COMMS_* variables, then its backends.
+#include "comm_impl.h"
+#include "comms/store.h"
+#include "env.h"
+#include "log.h"
+#include "store/store_tcp.h"
+#include "strutil.h"
+
+namespace comms {
+
+namespace {
+
+constexpr auto kDefaultInitTimeout = std::chrono::minutes(5);
+constexpr auto kDefaultOpTimeout = std::chrono::minutes(10);
+
+std::chrono::milliseconds timeout_from(std::optional<std::chrono::milliseconds> given,
+                                       const char* variable, std::chrono::milliseconds fallback) {
+  if (given) {
+    if (given->count() <= 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  str::cat("timeout must be positive; got ", given->count(), " ms"));
+    }
+    return *given;
+  }
+  if (auto v = env::get(variable)) return env::parse_duration(*v, variable);
+  return fallback;
+}
+
+}  // namespace
+
+std::shared_ptr<Comm> new_comm(const std::string& backend, std::optional<Device> device,
+                               const std::string& name, const CommOptions& options) {
+  if (name.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "new_comm: a comm needs a name (it keys its rendezvous)");
+  }
+  if (options.rank.has_value() != options.world_size.has_value()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("new_comm '", name, "': set both rank and world_size, or neither"));
+  }
+  log::level_from_environment();  // a malformed COMMS_LOG_LEVEL is an error here
+  const BootstrapInfo boot = bootstrap_from_environment();
+  Comm::Impl::Config c;
+  c.name = name;
+  c.rank = options.rank.value_or(boot.rank);
+  c.size = options.world_size.value_or(boot.world_size);
+  if (c.size < 1 || c.rank < 0 || c.rank >= c.size) {
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("new_comm '", name, "': rank ", c.rank, " is not in [0, ", c.size, ")"));
+  }
+  if (options.rank && boot.source == "default") {
+    c.local_rank = c.rank;  // no launcher: assume one host
+    c.local_size = c.size;
+  } else {
+    c.local_rank = boot.local_rank;
+    c.local_size = boot.local_world_size;
+  }
+  if (!backend.empty()) {
+    c.spec = BackendSpec::parse(backend);
+  } else if (auto from_env = env::get("COMMS_BACKEND")) {
+    try {
+      c.spec = BackendSpec::parse(*from_env);
+    } catch (const Error& e) {
+      throw Error(e.code(), str::cat("COMMS_BACKEND='", *from_env, "': ", e.what()));
+    }
+  } else {
+    c.spec = BackendSpec::parse("");
+  }
+  if (device) {
+    if (!c.spec.has(device->type)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  str::cat("new_comm '", name, "': device ", device->to_string(),
+                               " was given but backend string '", c.spec.to_string(),
+                               "' has no backend for ", to_string(device->type)));
+    }
+    c.bound_device = device;
+  }
+  c.init_timeout = timeout_from(options.init_timeout, "COMMS_INIT_TIMEOUT", kDefaultInitTimeout);
+  c.op_timeout = timeout_from(options.op_timeout, "COMMS_OP_TIMEOUT", kDefaultOpTimeout);
+  c.hints = options.hints;
+  c.abort_process_on_error = options.abort_process_on_error;
+  c.store = options.store ? options.store : default_store(c.rank, c.size, c.init_timeout);
+  c.store_local_address = tcp_store_local_address(*c.store);
+  const std::string ns_base = str::cat("comms/", name);
+  c.rendezvous_ns = str::cat(ns_base, "/i", internal::next_incarnation(ns_base));
+
+  internal::register_comm_name(name);
+  auto impl = std::make_shared<Comm::Impl>(c);
+  try {
+    impl->create_backends();
+  } catch (...) {
+    try {
+      impl->finalize();
+    } catch (const std::exception& e) {
+      log::error(str::cat("cleaning up after a failed new_comm '", name, "': ", e.what()));
+    }
+    throw;
+  }
+  return std::make_shared<Comm>(impl);
+}
+
+}  // namespace comms

@@ -1,0 +1,173 @@
+// Running an op on a comm: validation, choosing the backend, the OpDesc the
+// plugin sees, and turning a failure into an Error (fatal ones fail the
+// backend so later ops fail fast).
+#include <cstdlib>
+
+#include "comm_impl.h"
+#include "log.h"
+#include "strutil.h"
+
+namespace comms {
+
+using plugin::OpType;
+
+namespace {
+
+bool reduces(OpType t) {
+  return t == OpType::kAllReduce || t == OpType::kReduce || t == OpType::kReduceScatter ||
+         t == OpType::kReduceScatterV;
+}
+
+bool is_p2p(OpType t) { return t == OpType::kSend || t == OpType::kRecv || t == OpType::kBatchP2P; }
+
+}  // namespace
+
+Error Comm::Impl::make_error(OpType type, uint64_t seq, const Status& status) const {
+  std::string message = str::cat(prefix(), " ", plugin::op_name(type), " #", seq, ": ",
+                                 to_string(status.code), ": ", status.message);
+  if (status.peer >= 0) str::append(message, " (peer rank ", status.peer, ")");
+  return Error(status.code, message, config_.name, std::string(plugin::op_name(type)), seq,
+               config_.rank, status.peer);
+}
+
+void Comm::Impl::on_fatal(DeviceType t, const Error& error) {
+  Slot& s = slot(t);
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (s.state.load() == BackendState::kReady || s.state.load() == BackendState::kLazy) {
+      s.failure = error.what();
+      s.state = BackendState::kFailed;
+      // Tell the peers at once (they see this rank as failed) instead of
+      // letting each of them wait for its own timeout.
+      if (s.backend) {
+        const Status st = internal::call_plugin(s.plugin->name, "abort", [&] {
+          s.backend->abort(error.what());
+          return Status{};
+        });
+        if (!st.is_ok()) log::error(str::cat(prefix(), " ", st.message));
+      }
+    }
+  }
+  if (config_.abort_process_on_error) {
+    log::error(str::cat(error.what(), " -- aborting the process (abort_process_on_error)"));
+    std::abort();
+  }
+}
+
+void Comm::Impl::fail_op(OpType type, uint64_t seq, const Status& status, DeviceType t) {
+  Error e = make_error(type, seq, status);
+  if (detail::is_fatal(status.code)) on_fatal(t, e);
+  throw e;
+}
+
+DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::Checked& c) const {
+  DeviceType t = c.device_type;
+  if (args.type == OpType::kBarrier || (args.type == OpType::kBatchP2P && args.p2p.empty())) {
+    t = config_.bound_device ? config_.bound_device->type
+        : config_.spec.has(DeviceType::kCpu) ? DeviceType::kCpu
+                                             : DeviceType::kCuda;
+  }
+  const Slot& s = slot(t);
+  const uint64_t next = seq_.load() + 1;
+  switch (s.state.load()) {
+    case BackendState::kAbsent:
+      throw make_error(args.type, next,
+                       {ErrorCode::kInvalidArgument,
+                        str::cat("no backend for device type '", to_string(t), "' in this comm (backends: ",
+                                 config_.spec.to_string(), "); create the comm with e.g. 'cpu:gloo,cuda:nccl'")});
+    case BackendState::kOffloaded:
+      throw make_error(args.type, next,
+                       {ErrorCode::kAborted,
+                        str::cat("the ", s.plugin->name, " backend for ", to_string(t),
+                                 " is offloaded; reload it first (dist::reload_groups() or "
+                                 "Comm::reload_backend)")});
+    case BackendState::kFailed:
+      throw make_error(args.type, next,
+                       {ErrorCode::kAborted, str::cat("the comm failed earlier and cannot run ops: ", s.failure)});
+    default:
+      break;
+  }
+  if (!reduces(args.type)) return t;
+  bool supported = false;
+  const Status st = internal::call_plugin(s.plugin->name, "supports_reduction", [&] {
+    supported = s.backend->supports_reduction(c.dtype, args.reduce.kind);
+    return Status{};
+  });
+  if (!st.is_ok()) throw make_error(args.type, next, st);
+  if (!supported) {
+    throw make_error(args.type, next,
+                     {ErrorCode::kUnsupported, str::cat("backend '", s.plugin->name, "' does not support ",
+                                                        to_string(args.reduce.kind), " on ", to_string(c.dtype))});
+  }
+  return t;
+}
+
+plugin::OpDesc Comm::Impl::op_desc(const internal::OpArgs& args, const OpOptions& opts, const internal::Checked& c,
+                                   const Slot& s, uint64_t seq) const {
+  plugin::OpDesc d;
+  d.type = args.type;
+  d.seq = seq;
+  d.input = args.input.data;
+  d.output = args.output.data;
+  d.count = c.count;
+  d.dtype = c.dtype;
+  d.device = s.device;
+  d.reduce = args.reduce;
+  d.root = args.root;
+  d.peer = args.peer;
+  d.tag = opts.tag;
+  d.in_place = c.in_place;
+  d.async = opts.async;
+  d.counts = args.counts;
+  d.output_counts = args.output_counts;
+  d.p2p = args.p2p;
+  d.timeout = opts.timeout ? *opts.timeout : config_.op_timeout;
+  d.stream = opts.stream;
+  return d;
+}
+
+Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
+  internal::Checked c;
+  Status st = internal::validate(args, config_.rank, config_.size, &c);
+  if (!st.is_ok()) throw make_error(args.type, seq_.load() + 1, st);
+  if (opts.tag != 0 && !is_p2p(args.type)) {
+    // Every option takes effect or is rejected: collectives have no tags.
+    throw make_error(args.type, seq_.load() + 1,
+                     {ErrorCode::kInvalidArgument,
+                      str::cat("OpOptions::tag (", opts.tag, ") only applies to send, recv and batch_p2p; ",
+                               plugin::op_name(args.type), " is a collective and takes no tag")});
+  }
+  const DeviceType t = op_device(args, c);
+  if (opts.timeout && opts.timeout->count() <= 0) {
+    throw make_error(args.type, seq_.load() + 1, {ErrorCode::kInvalidArgument, "the op timeout must be positive"});
+  }
+  Slot& s = slot(t);
+  const uint64_t seq = ++seq_;
+  ensure_ready(s, t, args.type, seq);
+
+  plugin::OpDesc d = op_desc(args, opts, c, s, seq);
+  std::vector<void*> output_list;
+  if (args.type == OpType::kAllGatherList) {
+    output_list.reserve(args.outputs.size());
+    for (const auto& b : args.outputs) output_list.push_back(b.data);
+    d.output_list = output_list;
+  }
+  std::array<Hints, kNumDeviceTypes> op_hints;
+  if (!opts.hints.empty()) {
+    op_hints = internal::route_hints(opts.hints, config_.spec, config_.name);
+    d.hints = &op_hints[static_cast<size_t>(t)];
+  }
+
+  std::unique_ptr<plugin::Work> work;
+  st = internal::call_plugin(s.plugin->name, "submit", [&] { return s.backend->submit(d, &work); });
+  if (!st.is_ok()) fail_op(args.type, seq, st, t);
+  if (!work) return Work();
+  if (opts.async) {
+    return Work(std::make_shared<detail::WorkState>(shared_from_this(), std::move(work), args.type, seq, t));
+  }
+  st = internal::call_plugin(s.plugin->name, "wait", [&] { return work->wait(WaitMode::kStream); });
+  if (!st.is_ok()) fail_op(args.type, seq, st, t);
+  return Work();
+}
+
+}  // namespace comms
