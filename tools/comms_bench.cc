@@ -25,7 +25,7 @@
 #include "comm_impl.h"
 #include "comms/comms.h"
 #include "comms/numeric.h"
-#include "algorithms.h"
+#include "op_rules.h"
 #include "bench_cuda.h"
 #include "raw_gloo.h"
 #include "strutil.h"
