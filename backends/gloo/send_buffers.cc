@@ -7,7 +7,7 @@
 #include <gloo/transport/pair.h>
 #include <gloo/types.h>
 
-#include "algorithms.h"
+#include "op_rules.h"
 
 namespace comms::gloo_backend {
 

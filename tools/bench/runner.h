@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "algorithms.h"
+#include "op_rules.h"
 #include "bench_cuda.h"
 #include "comms/comms.h"
 #include "options.h"

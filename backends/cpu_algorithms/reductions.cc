@@ -8,7 +8,7 @@
 
 #include "comms/numeric.h"
 
-namespace comms::gloo_backend {
+namespace comms::cpu_algorithms {
 namespace {
 
 // Integer arithmetic goes through the unsigned type so overflow wraps (as it
@@ -239,4 +239,4 @@ void divide(void* data, DataType t, size_t n, int divisor) {
   }
 }
 
-}  // namespace comms::gloo_backend
+}  // namespace comms::cpu_algorithms

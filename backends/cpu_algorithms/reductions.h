@@ -10,7 +10,7 @@
 
 #include "comms/types.h"
 
-namespace comms::gloo_backend {
+namespace comms::cpu_algorithms {
 
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 
@@ -23,9 +23,9 @@ void scale(void* data, DataType dtype, size_t n, double factor);
 // data[i] /= divisor (integers truncate toward zero).
 void divide(void* data, DataType dtype, size_t n, int divisor);
 
-}  // namespace comms::gloo_backend
+}  // namespace comms::cpu_algorithms
 
-namespace comms::gloo_backend {
+namespace comms::cpu_algorithms {
 
 // The same kernels in the in-place, typed shape of Gloo's algorithm classes
 // (x = x op y), on the unsigned storage type of the element's width.
@@ -46,4 +46,4 @@ using InPlaceFn = void (*)(Storage* x, const Storage* y, size_t n);
 template <class Storage>
 InPlaceFn<Storage> in_place_fn(DataType dtype, ReduceKind kind);
 
-}  // namespace comms::gloo_backend
+}  // namespace comms::cpu_algorithms

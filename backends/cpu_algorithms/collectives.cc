@@ -1,0 +1,315 @@
+#include "collectives.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace comms::cpu_algorithms {
+
+class Collectives::Op {
+ public:
+  explicit Op(Collectives& c)
+      : deadline(Clock::now() + std::chrono::milliseconds(c.timeout_ms_.load(std::memory_order_relaxed))), t_(c.t_) {}
+  ~Op() { t_.op_done(); }
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+  const Clock::time_point deadline;
+
+ private:
+  Transport& t_;
+};
+
+namespace {
+Region user(const void* p, size_t bytes) { return {const_cast<void*>(p), bytes, false}; }
+}  // namespace
+
+Collectives::Collectives(Transport& transport, std::chrono::milliseconds timeout)
+    : t_(transport),
+      timeout_ms_(timeout.count()),
+      rank_(transport.rank()),
+      size_(transport.size()),
+      left_((rank_ + size_ - 1) % size_),
+      right_((rank_ + 1) % size_),
+      inbox_(kExchangeMaxBytes),
+      outbox_(kExchangeMaxBytes),
+      broadcast_(kSyncPathMaxBytes),
+      tokens_(static_cast<size_t>(size_) + 1),
+      staging_(kPieceBytes) {}
+
+void Collectives::post(const Op& op, int peer, size_t offset, size_t bytes) {
+  t_.send(peer, Channel::kExchange, own(outbox_), offset, bytes, static_cast<size_t>(rank_) * bytes, op.deadline);
+}
+
+void Collectives::take(const Op& op, int peer, size_t bytes) {
+  t_.recv(peer, Channel::kExchange, own(inbox_), static_cast<size_t>(peer) * bytes, bytes, op.deadline);
+}
+
+const unsigned char* Collectives::block(int r, size_t bytes, size_t own_offset) const {
+  return r == rank_ ? outbox_.data() + own_offset : inbox_.data() + static_cast<size_t>(r) * bytes;
+}
+
+void Collectives::reduce_blocks(void* out, size_t count, size_t es, ReduceFn fn, size_t own_offset) const {
+  // Rank order, whatever this rank's own: the same bits everywhere.
+  const size_t bytes = count * es;
+  fn(out, block(0, bytes, own_offset), block(1, bytes, own_offset), count);
+  for (int r = 2; r < size_; ++r) fn(out, out, block(r, bytes, own_offset), count);
+}
+
+// Every exchange writes to all peers first, then reads: the writes, at most
+// kExchangeMaxBytes per peer, fit the transport's buffering, so none blocks
+// on a peer that is itself writing. Peers are visited starting with the
+// right neighbour so that not every rank writes to rank 0 first.
+// blocks_per_peer: outbox_ holds one block per rank (peer p gets block p).
+void Collectives::exchange_all(const Op& op, size_t bytes, bool blocks_per_peer) {
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + k) % size_;
+    post(op, p, blocks_per_peer ? static_cast<size_t>(p) * bytes : 0, bytes);
+  }
+  for (int k = 1; k < size_; ++k) take(op, (rank_ - k + size_) % size_, bytes);
+}
+
+void Collectives::all_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+  const Op op(*this);
+  const size_t bytes = count * es;
+  if (size_ == 1) {
+    if (out != in) std::memmove(out, in, bytes);
+    return;
+  }
+  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring(op, in, out, count, es, fn);
+  std::memcpy(outbox_.data(), in, bytes);
+  exchange_all(op, bytes, false);
+  reduce_blocks(out, count, es, fn, 0);
+}
+
+void Collectives::reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn, int root) {
+  const Op op(*this);
+  const size_t bytes = count * es;
+  if (size_ == 1) {
+    if (out != in) std::memmove(out, in, bytes);
+    return;
+  }
+  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring_reduce(op, in, out, count, es, fn, root);
+  std::memcpy(outbox_.data(), in, bytes);
+  if (rank_ != root) return post(op, root, 0, bytes);
+  for (int k = 1; k < size_; ++k) take(op, (rank_ - k + size_) % size_, bytes);
+  reduce_blocks(out, count, es, fn, 0);
+}
+
+void Collectives::all_gather(const void* in, void* out, size_t bytes) {
+  const Op op(*this);
+  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring_all_gather(op, in, out, bytes);
+  std::memcpy(outbox_.data(), in, bytes);
+  exchange_all(op, bytes, false);
+  auto* o = static_cast<unsigned char*>(out);
+  for (int r = 0; r < size_; ++r) std::memmove(o + static_cast<size_t>(r) * bytes, block(r, bytes, 0), bytes);
+}
+
+void Collectives::reduce_scatter(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+  const Op op(*this);
+  const size_t bytes = count * es;
+  if (size_ == 1) {
+    if (out != in) std::memmove(out, in, bytes);
+    return;
+  }
+  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) {
+    // Segment k is rank k's block.
+    return ring_reduce_scatter(op, in, out, Layout(count * static_cast<size_t>(size_), es, size_), fn);
+  }
+  std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
+  exchange_all(op, bytes, true);  // each peer gets the block it reduces
+  reduce_blocks(out, count, es, fn, static_cast<size_t>(rank_) * bytes);
+}
+
+void Collectives::all_to_all(const void* in, void* out, size_t bytes) {
+  const Op op(*this);
+  std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
+  exchange_all(op, bytes, true);
+  auto* o = static_cast<unsigned char*>(out);
+  const size_t own_block = static_cast<size_t>(rank_) * bytes;
+  for (int r = 0; r < size_; ++r) std::memcpy(o + static_cast<size_t>(r) * bytes, block(r, bytes, own_block), bytes);
+}
+
+void Collectives::gather(const void* in, void* out, size_t bytes, int root) {
+  const Op op(*this);
+  std::memcpy(outbox_.data(), in, bytes);
+  if (rank_ != root) return post(op, root, 0, bytes);
+  for (int k = 1; k < size_; ++k) take(op, (rank_ - k + size_) % size_, bytes);
+  auto* o = static_cast<unsigned char*>(out);
+  for (int r = 0; r < size_; ++r) std::memmove(o + static_cast<size_t>(r) * bytes, block(r, bytes, 0), bytes);
+}
+
+void Collectives::scatter(const void* in, void* out, size_t bytes, int root) {
+  const Op op(*this);
+  if (rank_ == root) {
+    std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
+    for (int k = 1; k < size_; ++k) {
+      const int p = (rank_ + k) % size_;
+      post(op, p, static_cast<size_t>(p) * bytes, bytes);
+    }
+    std::memmove(out, outbox_.data() + static_cast<size_t>(rank_) * bytes, bytes);
+    return;
+  }
+  take(op, root, bytes);
+  std::memcpy(out, inbox_.data() + static_cast<size_t>(root) * bytes, bytes);
+}
+
+void Collectives::broadcast(const void* in, void* out, size_t bytes, int root) {
+  const Op op(*this);
+  if (rank_ == root) {
+    std::memcpy(broadcast_.data(), in, bytes);
+    for (int k = 1; k < size_; ++k) {
+      t_.send((rank_ + k) % size_, Channel::kBroadcast, own(broadcast_), 0, bytes, 0, op.deadline);
+    }
+    if (out != in) std::memcpy(out, in, bytes);
+    return;
+  }
+  t_.recv(root, Channel::kBroadcast, own(broadcast_), 0, bytes, op.deadline);
+  std::memcpy(out, broadcast_.data(), bytes);
+}
+
+void Collectives::barrier() {
+  const Op op(*this);
+  // tokens_[size_] is the one sent; tokens_[p] receives p's.
+  for (int k = 1; k < size_; ++k) {
+    t_.send((rank_ + k) % size_, Channel::kBarrier, own(tokens_), static_cast<size_t>(size_), 1,
+            static_cast<size_t>(rank_), op.deadline);
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ - k + size_) % size_;
+    t_.recv(p, Channel::kBarrier, own(tokens_), static_cast<size_t>(p), 1, op.deadline);
+  }
+}
+
+Collectives::Layout::Layout(size_t count, size_t es, int n)
+    : count(count),
+      es(es),
+      seg((count + static_cast<size_t>(n) - 1) / static_cast<size_t>(n)),
+      piece(kPieceBytes / es),
+      pieces((seg + piece - 1) / piece) {}
+
+// Segment k is elements [k * seg, (k + 1) * seg) clipped to count; both ends
+// of a link compute the same pieces, so empty ones are skipped alike.
+std::pair<size_t, size_t> Collectives::Layout::segment(int k) const {
+  const size_t begin = std::min(count, static_cast<size_t>(k) * seg);
+  const size_t end = std::min(count, begin + seg);
+  return {begin * es, (end - begin) * es};
+}
+
+std::pair<size_t, size_t> Collectives::Layout::span(int segment, size_t j) const {
+  const size_t first = static_cast<size_t>(segment) * seg;
+  const size_t begin = std::min(count, first + j * piece);
+  const size_t end = std::min({count, first + (j + 1) * piece, first + seg});
+  return {begin * es, (std::max(end, begin) - begin) * es};
+}
+
+void Collectives::ring(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+  const int n = size_;
+  const int me = rank_;
+  const Layout layout(count, es, n);
+  auto* in_bytes = static_cast<const unsigned char*>(in);
+  auto* out_bytes = static_cast<unsigned char*>(out);
+  const Region input = user(in, count * es), output = user(out, count * es);
+
+  // Reduce-scatter: at step s send segment me - s (own input at s = 0, the
+  // partial result after), receive segment me - s - 1 and add own input.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = (me - s + n) % n;
+    const int recv_seg = (me - s - 1 + 2 * n) % n;
+    for (size_t j = 0; j < layout.pieces; ++j) {
+      if (auto [off, len] = layout.span(send_seg, j); len) {
+        t_.send(right_, Channel::kRingStaging, s == 0 ? input : output, off, len, 0, op.deadline);
+      }
+      if (auto [off, len] = layout.span(recv_seg, j); len) {
+        t_.recv(left_, Channel::kRingStaging, own(staging_), 0, len, op.deadline);
+        fn(out_bytes + off, in_bytes + off, staging_.data(), len / es);
+      }
+    }
+  }
+  // This rank now holds the reduced segment me + 1.
+  pass_around(op, out, layout, (me + 1) % n);
+}
+
+void Collectives::pass_around(const Op& op, void* out, const Layout& layout, int held) {
+  const int n = size_;
+  const Region output = user(out, layout.count * layout.es);
+  // Step s passes on the segment received at step s - 1 (at s = 0, the one
+  // held), each piece landing directly in the right neighbour's output.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = (held - s + n) % n;
+    const int recv_seg = (held - s - 1 + 2 * n) % n;
+    for (size_t j = 0; j < layout.pieces; ++j) {
+      if (auto [off, len] = layout.span(send_seg, j); len) {
+        t_.send(right_, Channel::kRingOutput, output, off, len, off, op.deadline);
+      }
+      if (auto [off, len] = layout.span(recv_seg, j); len) {
+        t_.recv(left_, Channel::kRingOutput, output, off, len, op.deadline);
+      }
+    }
+  }
+}
+
+void Collectives::ring_all_gather(const Op& op, const void* in, void* out, size_t bytes) {
+  auto* o = static_cast<unsigned char*>(out);
+  std::memmove(o + static_cast<size_t>(rank_) * bytes, in, bytes);
+  if (size_ > 1) pass_around(op, out, Layout(bytes * static_cast<size_t>(size_), 1, size_), rank_);
+}
+
+void Collectives::ring_reduce_scatter(const Op& op, const void* in, void* mine, const Layout& layout, ReduceFn fn) {
+  const int n = size_;
+  const int me = rank_;
+  const size_t es = layout.es;
+  const size_t seg_bytes = layout.seg * es;
+  // Partial sums alternate between two segment-sized halves: a piece written
+  // at step s is sent at step s + 1, before step s + 2 overwrites it.
+  if (partials_.size() < 2 * seg_bytes) partials_.resize(2 * seg_bytes);
+  auto* in_bytes = static_cast<const unsigned char*>(in);
+  const Region input = user(in, layout.count * es), partials = own(partials_);
+
+  // As the all_reduce ring, shifted so that this rank ends with segment me.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = (me - 1 - s + 2 * n) % n;
+    const int recv_seg = (me - 2 - s + 2 * n) % n;
+    for (size_t j = 0; j < layout.pieces; ++j) {
+      const size_t within = j * layout.piece * es;
+      if (auto [off, len] = layout.span(send_seg, j); len) {
+        if (s == 0) t_.send(right_, Channel::kRingStaging, input, off, len, 0, op.deadline);
+        else t_.send(right_, Channel::kRingStaging, partials, static_cast<size_t>((s - 1) % 2) * seg_bytes + within,
+                     len, 0, op.deadline);
+      }
+      if (auto [off, len] = layout.span(recv_seg, j); len) {
+        t_.recv(left_, Channel::kRingStaging, own(staging_), 0, len, op.deadline);
+        unsigned char* dest = s == n - 2 ? static_cast<unsigned char*>(mine) + within
+                                         : partials_.data() + static_cast<size_t>(s % 2) * seg_bytes + within;
+        fn(dest, in_bytes + off, staging_.data(), len / es);
+      }
+    }
+  }
+}
+
+// A reduce-scatter around the ring leaves each rank its reduced segment (the
+// root's straight in its output); every other rank then writes its segment
+// to the root. Half the traffic of an all_reduce, and no rank but the root
+// needs an output.
+void Collectives::ring_reduce(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn,
+                              int root) {
+  const Layout layout(count, es, size_);
+  const auto [my_offset, my_bytes] = layout.segment(rank_);
+  unsigned char* mine;
+  if (rank_ == root) {
+    mine = static_cast<unsigned char*>(out) + my_offset;
+  } else {
+    if (segment_.size() < layout.seg * es) segment_.resize(layout.seg * es);
+    mine = segment_.data();
+  }
+  ring_reduce_scatter(op, in, mine, layout, fn);
+  if (rank_ != root) {
+    if (my_bytes) t_.send(root, Channel::kRingOutput, own(segment_), 0, my_bytes, my_offset, op.deadline);
+    return;
+  }
+  const Region output = user(out, count * es);
+  for (int p = 0; p < size_; ++p) {
+    const auto [offset, bytes] = layout.segment(p);
+    if (p != root && bytes) t_.recv(p, Channel::kRingOutput, output, offset, bytes, op.deadline);
+  }
+}
+
+}  // namespace comms::cpu_algorithms

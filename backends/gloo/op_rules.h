@@ -1,0 +1,68 @@
+// Each op's rules in the Gloo layer, in one place: which algorithm runs it
+// and under what name, used by the backend, by comms-bench's raw-Gloo
+// baseline (so the baseline times the same algorithm) and by comms-bench's
+// output.
+//
+// Small collectives, every all_reduce, and barrier run the CPU algorithms
+// (backends/cpu_algorithms/algorithms.h says which, by size) on a mesh of
+// synchronous pairs (gloo_transport.h). Everything else runs Gloo's
+// options-style collectives on the async mesh (gloo_ops.cc: allreduce's
+// ring, broadcast, allgather(v), alltoall(v), gather, scatter, reduce;
+// reduce_scatter as alltoall plus a local reduction), as do ops with a
+// timeout other than the comm's. In-place forms: Gloo's collectives take
+// in-place as "no input"; gather, scatter, all_to_all(v) copy an in-place
+// input aside first (Gloo would read what it already overwrote).
+#pragma once
+
+#include <sched.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string_view>
+
+#include "algorithms.h"
+#include "comms/plugin.h"
+
+namespace comms::gloo_backend {
+
+using cpu_algorithms::Algorithm;
+using cpu_algorithms::kExchangeMaxBytes;
+using cpu_algorithms::kSyncPathMaxBytes;
+
+// The CPU algorithm an op of `bytes` per rank runs on the sync mesh; kNone:
+// Gloo's collective on the async mesh.
+constexpr Algorithm sync_algorithm_for(plugin::OpType type, size_t bytes, int size) {
+  return cpu_algorithms::algorithm_for(type, bytes, size);
+}
+
+constexpr std::string_view algorithm_name(plugin::OpType type, Algorithm a) {
+  if (a != Algorithm::kNone) return cpu_algorithms::algorithm_name(type, a);
+  switch (type) {
+    case plugin::OpType::kReduceScatter:
+    case plugin::OpType::kReduceScatterV: return "alltoall(v) + local reduce";
+    case plugin::OpType::kSend:
+    case plugin::OpType::kRecv:
+    case plugin::OpType::kBatchP2P: return "unbound-buffer send/recv";
+    default: return "options-style collective";
+  }
+}
+
+// How sync-mesh reads wait, from COMMS_GLOO_BUSY_POLL / gloo.busy_poll:
+//   "auto" (default): spin on the socket for up to kAutoSpin, then block,
+//     when the ranks on this host do not outnumber its cores; else block;
+//   "1": spin until the message arrives (Gloo's busy-poll mode);
+//   "0": block at once.
+// The bounded spin takes a 4 KiB all_reduce at 2 ranks from ~55 us to
+// ~17 us without handing a core to a peer that is late.
+inline constexpr std::string_view kDefaultBusyPoll = "auto";
+inline constexpr std::chrono::microseconds kAutoSpin{100};
+
+inline std::chrono::microseconds read_spin(std::string_view mode, int local_size) {
+  if (mode != "auto") return std::chrono::microseconds{0};
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return local_size <= cores ? kAutoSpin : std::chrono::microseconds{0};
+}
+
+}  // namespace comms::gloo_backend

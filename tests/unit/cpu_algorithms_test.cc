@@ -1,0 +1,345 @@
+// The CPU algorithms (backends/cpu_algorithms) on an in-process transport:
+// one thread per rank, messages through queues. Every collective at world
+// sizes 1-4, on both sides of the exchange/ring cut, with uneven counts;
+// results checked against values computed here, and reductions checked to
+// give every rank the same bits. The fake transport also checks that both
+// ends of every message agree on where it lands, which Gloo relies on.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "collectives.h"
+
+namespace comms::cpu_algorithms {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Messages between every pair of ranks, per channel, in order.
+class Network {
+ public:
+  explicit Network(int size) : size_(size) {}
+  struct Message {
+    std::vector<unsigned char> bytes;
+    size_t dst_offset;
+  };
+  int size() const { return size_; }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::tuple<int, int, Channel>, std::deque<Message>> queues;  // (from, to, channel)
+  bool aborted = false;
+  int messages = 0;
+
+ private:
+  int size_;
+};
+
+class FakeTransport final : public Transport {
+ public:
+  FakeTransport(Network& net, int rank) : net_(net), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return net_.size(); }
+
+  void send(int peer, Channel ch, Region src, size_t offset, size_t len, size_t dst_offset,
+            Clock::time_point) override {
+    EXPECT_NE(peer, rank_);
+    EXPECT_LE(offset + len, src.bytes) << "send past its region";
+    std::lock_guard<std::mutex> lock(net_.mu);
+    if (net_.aborted) throw TransportError(TransportError::Kind::kAborted, peer, "aborted");
+    const auto* p = static_cast<const unsigned char*>(src.base) + offset;
+    net_.queues[{rank_, peer, ch}].push_back({{p, p + len}, dst_offset});
+    ++net_.messages;
+    net_.cv.notify_all();
+  }
+
+  void recv(int peer, Channel ch, Region dst, size_t dst_offset, size_t len, Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(net_.mu);
+    auto& q = net_.queues[{peer, rank_, ch}];
+    if (!net_.cv.wait_until(lock, deadline, [&] { return net_.aborted || !q.empty(); })) {
+      throw TransportError(TransportError::Kind::kTimeout, peer, "timed out");
+    }
+    if (net_.aborted) throw TransportError(TransportError::Kind::kAborted, peer, "aborted");
+    Network::Message m = std::move(q.front());
+    q.pop_front();
+    EXPECT_EQ(m.bytes.size(), len) << "rank " << rank_ << " from " << peer;
+    EXPECT_EQ(m.dst_offset, dst_offset) << "the two ends disagree on where a message lands";
+    EXPECT_LE(dst_offset + len, dst.bytes) << "receive past its region";
+    std::memcpy(static_cast<unsigned char*>(dst.base) + dst_offset, m.bytes.data(), std::min(len, m.bytes.size()));
+  }
+
+  void abort() override {
+    std::lock_guard<std::mutex> lock(net_.mu);
+    net_.aborted = true;
+    net_.cv.notify_all();
+  }
+
+ private:
+  Network& net_;
+  int rank_;
+};
+
+// Runs body(rank, collectives) on one thread per rank; then no message is left.
+void run_ranks(int size, const std::function<void(int, Collectives&)>& body, std::chrono::milliseconds timeout = 10s,
+               bool drained = true) {
+  Network net(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      FakeTransport t(net, r);
+      Collectives c(t, timeout);
+      body(r, c);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!drained) return;
+  for (const auto& [key, q] : net.queues) EXPECT_TRUE(q.empty()) << "a message nobody received";
+}
+
+// Rank r's element i, distinct for every (r, i) and exact in float.
+int32_t value(int r, size_t i) { return static_cast<int32_t>((i * 7 + static_cast<size_t>(r) * 13) % 1000) - 300; }
+
+// Counts per rank either side of the exchange's 64 KiB and uneven against
+// the ring's segments and 128 KiB pieces.
+std::vector<size_t> counts_for(int size) {
+  const size_t exchange_max = kExchangeMaxBytes / sizeof(int32_t) / static_cast<size_t>(size);
+  return {1, 3, exchange_max, exchange_max + 1, 70001};
+}
+
+constexpr int kSizes[] = {1, 2, 3, 4};
+
+TEST(CpuAlgorithms, AllReduceSumsEveryRanksInputOnBothSidesOfTheExchangeLimit) {
+  for (int n : kSizes) {
+    for (size_t count : counts_for(n)) {
+      SCOPED_TRACE(testing::Message() << "size " << n << " count " << count);
+      run_ranks(n, [&](int r, Collectives& c) {
+        std::vector<int32_t> in(count), out(count, -1);
+        for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+        c.all_reduce(in.data(), out.data(), count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum));
+        for (size_t i = 0; i < count; ++i) {
+          int32_t want = 0;
+          for (int q = 0; q < n; ++q) want += value(q, i);
+          ASSERT_EQ(out[i], want) << "rank " << r << " element " << i;
+        }
+      });
+    }
+  }
+}
+
+TEST(CpuAlgorithms, AllReduceInPlaceWithMaxAndMinGivesTheExtremes) {
+  for (int n : kSizes) {
+    for (ReduceKind kind : {ReduceKind::kMax, ReduceKind::kMin}) {
+      for (size_t count : counts_for(n)) {
+        run_ranks(n, [&](int r, Collectives& c) {
+          std::vector<int64_t> data(count);
+          for (size_t i = 0; i < count; ++i) data[i] = value(r, i);
+          c.all_reduce(data.data(), data.data(), count, 8, reduce_fn(DataType::kInt64, kind));
+          for (size_t i = 0; i < count; ++i) {
+            int64_t want = value(0, i);
+            for (int q = 1; q < n; ++q) want = kind == ReduceKind::kMax ? std::max<int64_t>(want, value(q, i))
+                                                                       : std::min<int64_t>(want, value(q, i));
+            ASSERT_EQ(data[i], want) << "size " << n << " rank " << r << " element " << i;
+          }
+        });
+      }
+    }
+  }
+}
+
+// Floats whose sum depends on the order: every rank must still get the same
+// bits (a rank that added its own block first would differ).
+TEST(CpuAlgorithms, FloatReductionsGiveEveryRankTheSameBits) {
+  for (int n : kSizes) {
+    for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBfloat16, DataType::kFloat64}) {
+      const size_t es = element_size(dtype);
+      for (size_t count : {size_t{5}, kExchangeMaxBytes / es / static_cast<size_t>(n) + 3, size_t{100003}}) {
+        std::vector<std::vector<unsigned char>> results(static_cast<size_t>(n));
+        run_ranks(n, [&](int r, Collectives& c) {
+          std::mt19937 rng(static_cast<unsigned>(r) * 7919u + 1);
+          std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
+          std::vector<unsigned char> in(count * es), out(count * es);
+          for (size_t i = 0; i < count; ++i) {
+            const float f = dist(rng) * (i % 3 == 0 ? 1e-4f : 1.0f);
+            const double d = f;
+            if (dtype == DataType::kFloat32) std::memcpy(&in[i * es], &f, 4);
+            else if (dtype == DataType::kFloat64) std::memcpy(&in[i * es], &d, 8);
+            else {  // 16 bits: random mantissa, positive, exponent kept finite
+              in[i * es] = static_cast<unsigned char>(rng());
+              in[i * es + 1] = static_cast<unsigned char>(rng() % 0x70);
+            }
+          }
+          c.all_reduce(in.data(), out.data(), count, es, reduce_fn(dtype, ReduceKind::kSum));
+          results[static_cast<size_t>(r)] = out;
+        });
+        for (int r = 1; r < n; ++r) {
+          ASSERT_EQ(results[static_cast<size_t>(r)], results[0])
+              << "rank " << r << " differs from rank 0: size " << n << " dtype " << int(dtype) << " count " << count;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuAlgorithms, ReduceLeavesTheSumAtEveryRootAndTouchesNoOtherOutput) {
+  for (int n : kSizes) {
+    for (int root = 0; root < n; ++root) {
+      for (size_t count : counts_for(n)) {
+        run_ranks(n, [&](int r, Collectives& c) {
+          std::vector<int32_t> in(count), out(count, -7);
+          for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+          c.reduce(in.data(), out.data(), count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum), root);
+          for (size_t i = 0; i < count; ++i) {
+            int32_t want = 0;
+            for (int q = 0; q < n; ++q) want += value(q, i);
+            ASSERT_EQ(out[i], r == root ? want : -7) << "size " << n << " root " << root << " rank " << r;
+          }
+        });
+      }
+    }
+  }
+}
+
+TEST(CpuAlgorithms, AllGatherPutsEveryRanksBlockInRankOrder) {
+  for (int n : kSizes) {
+    for (size_t count : counts_for(n)) {
+      run_ranks(n, [&](int r, Collectives& c) {
+        std::vector<int32_t> in(count), out(count * static_cast<size_t>(n), -1);
+        for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+        c.all_gather(in.data(), out.data(), count * 4);
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out[static_cast<size_t>(q) * count + i], value(q, i)) << "size " << n << " rank " << r;
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST(CpuAlgorithms, ReduceScatterGivesEachRankTheSumOfItsBlock) {
+  for (int n : kSizes) {
+    for (size_t count : counts_for(n)) {
+      run_ranks(n, [&](int r, Collectives& c) {
+        const size_t total = count * static_cast<size_t>(n);
+        std::vector<int32_t> in(total), out(count, -1);
+        for (size_t i = 0; i < total; ++i) in[i] = value(r, i);
+        c.reduce_scatter(in.data(), out.data(), count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum));
+        for (size_t i = 0; i < count; ++i) {
+          int32_t want = 0;
+          for (int q = 0; q < n; ++q) want += value(q, static_cast<size_t>(r) * count + i);
+          ASSERT_EQ(out[i], want) << "size " << n << " rank " << r << " element " << i;
+        }
+      });
+    }
+  }
+}
+
+// all_to_all, gather and scatter run only where the exchange fits.
+TEST(CpuAlgorithms, AllToAllGatherAndScatterMoveEveryBlockToItsRank) {
+  for (int n : kSizes) {
+    const size_t count = kExchangeMaxBytes / 4 / static_cast<size_t>(n) - 1;  // uneven, largest that fits
+    for (int root = 0; root < n; ++root) {
+      run_ranks(n, [&](int r, Collectives& c) {
+        const size_t total = count * static_cast<size_t>(n);
+        std::vector<int32_t> in(total), out(total, -1);
+        for (size_t i = 0; i < total; ++i) in[i] = value(r, i);
+        c.all_to_all(in.data(), out.data(), count * 4);
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out[static_cast<size_t>(q) * count + i], value(q, static_cast<size_t>(r) * count + i));
+          }
+        }
+        std::vector<int32_t> gathered(total, -1);
+        c.gather(in.data(), gathered.data(), count * 4, root);
+        if (r == root) {
+          for (int q = 0; q < n; ++q) {
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(gathered[static_cast<size_t>(q) * count + i], value(q, i));
+          }
+        }
+        std::vector<int32_t> mine(count, -1);
+        c.scatter(in.data(), mine.data(), count * 4, root);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(mine[i], value(root, static_cast<size_t>(r) * count + i));
+      });
+    }
+  }
+}
+
+TEST(CpuAlgorithms, BroadcastAndBarrierReachEveryRank) {
+  for (int n : kSizes) {
+    for (int root = 0; root < n; ++root) {
+      run_ranks(n, [&](int r, Collectives& c) {
+        const size_t count = kSyncPathMaxBytes / 4 - 5;
+        std::vector<int32_t> data(count, -1);
+        if (r == root) {
+          for (size_t i = 0; i < count; ++i) data[i] = value(root, i);
+        }
+        c.barrier();
+        c.broadcast(data.data(), data.data(), count * 4, root);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], value(root, i)) << "size " << n << " rank " << r;
+        c.barrier();
+      });
+    }
+  }
+}
+
+TEST(CpuAlgorithms, AWaitForAPeerThatNeverSendsEndsAtTheDeadlineNamingThePeer) {
+  run_ranks(
+      2,
+      [](int r, Collectives& c) {
+        if (r == 1) return;  // rank 1 never joins
+        const auto start = Clock::now();
+        std::vector<int32_t> in(4, 1), out(4);
+        try {
+          c.all_reduce(in.data(), out.data(), 4, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum));
+          ADD_FAILURE() << "all_reduce returned without its peer";
+        } catch (const TransportError& e) {
+          EXPECT_EQ(e.kind(), TransportError::Kind::kTimeout);
+          EXPECT_EQ(e.peer(), 1);
+        }
+        const auto waited = Clock::now() - start;
+        EXPECT_GE(waited, 200ms);
+        EXPECT_LT(waited, 5s);
+      },
+      200ms, /*drained=*/false);  // rank 0's message to rank 1 stays unread
+}
+
+TEST(CpuAlgorithms, AbortWakesARankWaitingOnAPeer) {
+  Network net(2);
+  FakeTransport t0(net, 0);
+  Collectives c(t0, 60s);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(100ms);
+    FakeTransport(net, 1).abort();
+  });
+  const auto start = Clock::now();
+  try {
+    c.barrier();
+    ADD_FAILURE() << "barrier returned without its peer";
+  } catch (const TransportError& e) {
+    EXPECT_EQ(e.kind(), TransportError::Kind::kAborted);
+  }
+  aborter.join();
+  EXPECT_LT(Clock::now() - start, 10s);
+}
+
+TEST(CpuAlgorithms, TheExchangeAndTheRingSplitWhereAlgorithmForSays) {
+  using plugin::OpType;
+  EXPECT_EQ(algorithm_for(OpType::kAllReduce, kExchangeMaxBytes / 2, 2), Algorithm::kExchange);
+  EXPECT_EQ(algorithm_for(OpType::kAllReduce, kExchangeMaxBytes / 2 + 1, 2), Algorithm::kPipelinedRing);
+  EXPECT_EQ(algorithm_for(OpType::kAllToAll, kExchangeMaxBytes / 2 + 1, 2), Algorithm::kNone);
+  EXPECT_EQ(algorithm_for(OpType::kBroadcast, kSyncPathMaxBytes, 8), Algorithm::kBroadcast);
+  EXPECT_EQ(algorithm_for(OpType::kBroadcast, kSyncPathMaxBytes + 1, 8), Algorithm::kNone);
+  EXPECT_EQ(algorithm_for(OpType::kAllReduce, 0, 2), Algorithm::kNone);
+}
+
+}  // namespace
+}  // namespace comms::cpu_algorithms
