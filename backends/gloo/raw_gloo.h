@@ -4,7 +4,7 @@
 // libcomms around it (no validation, no dispatch, no Work). The difference
 // to the same op through comms is libcomms' overhead.
 // --gloo-native: Gloo's own algorithm classes where the backend runs
-// algorithms of its own (sync_mesh.h), to show what those gain.
+// algorithms of its own (backends/cpu_algorithms), to show what those gain.
 #pragma once
 
 #include <chrono>

@@ -40,6 +40,7 @@ class RawGloo::Impl {
   // --gloo-native: Gloo's algorithm class for the op, if it has one here.
   bool run_native(plugin::OpType type, uint8_t* in, uint8_t* out, size_t count, DataType dtype, ReduceKind kind, int root);
   // Gloo's options-style collectives on the async mesh.
+  void reduce_scatter_async(uint8_t* in, uint8_t* out, size_t count, DataType dtype, ReduceKind kind);
   void run_async(plugin::OpType type, uint8_t* in, uint8_t* out, size_t count, DataType dtype, ReduceKind kind, int root, int peer);
 
   int rank, size;

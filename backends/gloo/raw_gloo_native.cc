@@ -86,6 +86,20 @@ bool RawGloo::Impl::run_native(OpType type, uint8_t* in, uint8_t* out, size_t co
   return false;
 }
 
+// As the backend: an all-to-all, then a local reduction.
+void RawGloo::Impl::reduce_scatter_async(uint8_t* in, uint8_t* out, size_t count, DataType dtype, ReduceKind kind) {
+  const size_t bytes = count * element_size(dtype);
+  tmp.resize(bytes * size);
+  ::gloo::AlltoallOptions o(async_ctx);
+  o.setInput(in, bytes * size);
+  o.setOutput(tmp.data(), bytes * size);
+  o.setTimeout(timeout);
+  ::gloo::alltoall(o);
+  const ReduceFn fn = reduce_fn(dtype, kind);
+  std::memcpy(out, tmp.data(), bytes);
+  for (int r = 1; r < size; ++r) fn(out, out, tmp.data() + r * bytes, count);
+}
+
 void RawGloo::Impl::run_async(OpType type, uint8_t* in, uint8_t* out, size_t count, DataType dtype, ReduceKind kind,
                               int root, int peer) {
   const size_t es = element_size(dtype);
@@ -131,18 +145,8 @@ void RawGloo::Impl::run_async(OpType type, uint8_t* in, uint8_t* out, size_t cou
       ::gloo::allgather(o);
       return;
     }
-    case OpType::kReduceScatter: {
-      tmp.resize(bytes * size);
-      ::gloo::AlltoallOptions o(ctx);
-      o.setInput(in, bytes * size);
-      o.setOutput(tmp.data(), bytes * size);
-      o.setTimeout(timeout);
-      ::gloo::alltoall(o);
-      const ReduceFn fn = reduce_fn(dtype, kind);
-      std::memcpy(out, tmp.data(), bytes);
-      for (int r = 1; r < size; ++r) fn(out, out, tmp.data() + r * bytes, count);
-      return;
-    }
+    case OpType::kReduceScatter:
+      return reduce_scatter_async(in, out, count, dtype, kind);
     case OpType::kAllToAll: {
       ::gloo::AlltoallOptions o(ctx);
       o.setInput(in, bytes * size);

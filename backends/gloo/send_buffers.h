@@ -16,7 +16,7 @@
 namespace comms::gloo_backend {
 
 // Collective over the job: every rank calls it once, right after connecting
-// both meshes (sync_mesh's pairs already in sync mode). Throws Gloo's
+// both meshes (the sync mesh's pairs already in sync mode). Throws Gloo's
 // exceptions on failure.
 void size_send_buffers(::gloo::Context& sync_mesh, ::gloo::Context& async_mesh, std::chrono::milliseconds timeout);
 
