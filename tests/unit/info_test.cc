@@ -33,11 +33,11 @@ TEST(PublicInfo, LoadPluginTakesTheNameFromTheDescriptorAndRefusesAForeignAbi) {
   EXPECT_EQ(fake.devices, std::vector<DeviceType>{DeviceType::kCuda});
   EXPECT_EQ(plugin_device_count("fakegpu", DeviceType::kCpu), 0);
   try {
-    load_plugin(TEST_BAD_ABI_PLUGIN);
+    load_plugin(TEST_PLUGIN_ABINEXTMAJOR);
     FAIL() << "loaded a plugin with a foreign ABI version";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("ABI version 999"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("3.0"), std::string::npos) << e.what();
   }
 }
 
