@@ -4,8 +4,9 @@
 Usage: check_doc_examples.py INCLUDE_DIR FILE.md|DIR... -- COMPILER [ARGS...]
 (a DIR stands for its *.md files)
 
-Each block becomes the body of its own function (its #include lines go to
-the top), after a preamble declaring the names the examples take as given
+Each block becomes the body of its own function, or, when it declares things
+at file scope (a plugin's extern "C" entry), a namespace of its own (its
+#include lines go to the top), after a preamble declaring the names the examples take as given
 (`grad`, `shard`, `init`, `train()`, ...). #line directives make the
 compiler's errors point at the Markdown file. One -fsyntax-only run checks
 them all; exit status 1 if any block does not compile or none was found.
@@ -40,6 +41,7 @@ using namespace doc_examples_context;
 namespace dist = comms::dist;  // as the examples write it
 """
 
+FILE_SCOPE = re.compile(r'^extern "C"', re.M)
 FENCE = re.compile(r"^```cpp[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
 
 
@@ -62,8 +64,11 @@ def translation_unit(files):
                     body.append("")  # keeps the #line numbering of what follows
                 else:
                     body.append(line)
-            bodies.append(f"void doc_example_{count}() {{\n#line {first_line} \"{path}\"\n"
-                          + "\n".join(body) + "\n}\n")
+            # A block of file-scope declarations (a plugin's entry point)
+            # compiles in a namespace of its own; anything else is a body.
+            opener = (f"namespace doc_example_{count} {{" if FILE_SCOPE.search(code)
+                      else f"void doc_example_{count}() {{")
+            bodies.append(f"{opener}\n#line {first_line} \"{path}\"\n" + "\n".join(body) + "\n}\n")
     return PREAMBLE + "\n".join(includes) + "\n" + "\n".join(bodies), count
 
 
