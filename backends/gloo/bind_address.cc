@@ -1,4 +1,5 @@
 #include "bind_address.h"
+#include "text.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -15,12 +16,6 @@
 
 namespace comms::gloo_backend {
 namespace {
-
-std::string cat(std::initializer_list<std::string_view> parts) {
-  std::string out;
-  for (auto p : parts) out.append(p);
-  return out;
-}
 
 std::string address_text(const sockaddr* a) {
   char buf[INET6_ADDRSTRLEN] = {};

@@ -1,4 +1,5 @@
 #include "gloo_backend.h"
+#include "text.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -40,12 +41,6 @@ using plugin::OpType;
 using Clock = std::chrono::steady_clock;
 using cpu_algorithms::reduce_fn;
 using cpu_algorithms::ReduceFn;
-
-std::string cat(std::initializer_list<std::string_view> parts) {
-  std::string out;
-  for (auto p : parts) out.append(p);
-  return out;
-}
 
 // One transport device (and its event-loop thread) per bind address, shared
 // by every comm of the process.

@@ -5,20 +5,12 @@
 #include <cctype>
 
 #include "bind_address.h"
+#include "text.h"
 #include "comms/env.h"
 #include "gloo_backend.h"
 #include "op_rules.h"
 
 namespace comms::gloo_backend {
-namespace {
-
-std::string cat(std::initializer_list<std::string_view> parts) {
-  std::string out;
-  for (auto p : parts) out.append(p);
-  return out;
-}
-
-}  // namespace
 
 Status resolve_busy_poll(const std::string& value, const std::string& source, int local_size, GlooConfig* cfg) {
   std::string mode = value;
