@@ -1,0 +1,306 @@
+// comms.dist (process groups, offload/reload) and comms.parallel (Megatron's
+// RankGenerator and ProcessGroupCollection).
+#include "bindings.h"
+#include "comms/dist.h"
+#include "comms/lifecycle.h"
+#include "comms/parallel.h"
+
+namespace comms_py {
+namespace {
+
+namespace dist = comms::dist;
+
+// The NCCL fields by the names Megatron's YAML and torch use.
+struct IntField {
+  const char* name;
+  std::optional<int> dist::NcclOptions::*field;
+};
+constexpr IntField kNcclIntFields[] = {
+    {"cga_cluster_size", &dist::NcclOptions::cga_cluster_size},
+    {"min_ctas", &dist::NcclOptions::min_ctas},
+    {"max_ctas", &dist::NcclOptions::max_ctas},
+    {"split_share", &dist::NcclOptions::split_share},
+    {"traffic_class", &dist::NcclOptions::traffic_class},
+    {"collnet_enable", &dist::NcclOptions::collnet_enable},
+    {"cta_policy", &dist::NcclOptions::cta_policy},
+    {"shrink_share", &dist::NcclOptions::shrink_share},
+    {"nvls_ctas", &dist::NcclOptions::nvls_ctas},
+    {"nchannels_per_net_peer", &dist::NcclOptions::nchannels_per_net_peer},
+    {"nvlink_centric_sched", &dist::NcclOptions::nvlink_centric_sched},
+};
+
+dist::NcclOptions nccl_options_of(const py::dict& d) {
+  dist::NcclOptions o;
+  for (auto [key, value] : d) {
+    const std::string k = key.cast<std::string>();
+    if (k == "is_high_priority_stream") {
+      o.is_high_priority_stream = value.cast<bool>();
+    } else if (k == "net_name") {
+      o.net_name = value.cast<std::string>();
+    } else {
+      bool known = false;
+      for (const IntField& f : kNcclIntFields) {
+        if (k == f.name) {
+          o.*f.field = value.cast<int>();
+          known = true;
+        }
+      }
+      if (!known) throw py::value_error("options['nccl']: unknown key '" + k + "'");
+    }
+  }
+  return o;
+}
+
+dist::GlooOptions gloo_options_of(const py::dict& d) {
+  dist::GlooOptions o;
+  for (auto [key, value] : d) {
+    const std::string k = key.cast<std::string>();
+    if (k == "interface") o.interface = value.cast<std::string>();
+    else if (k == "hostname") o.hostname = value.cast<std::string>();
+    else if (k == "busy_poll") o.busy_poll = value.cast<bool>();
+    else throw py::value_error("options['gloo']: unknown key '" + k + "'");
+  }
+  return o;
+}
+
+// {"nccl": {...}, "gloo": {...}, "hints": {...}} -> BackendOptions.
+dist::BackendOptions backend_options_of(const std::optional<py::dict>& maybe) {
+  dist::BackendOptions o;
+  if (!maybe) return o;
+  for (auto [key, value] : *maybe) {
+    const std::string k = key.cast<std::string>();
+    if (k == "nccl") o.nccl = nccl_options_of(value.cast<py::dict>());
+    else if (k == "gloo") o.gloo = gloo_options_of(value.cast<py::dict>());
+    else if (k == "hints") o.hints = value.cast<comms::Hints>();
+    else throw py::value_error("options: unknown key '" + k + "' (nccl, gloo, hints)");
+  }
+  return o;
+}
+
+py::dict backend_options_to_dict(const dist::BackendOptions& o) {
+  py::dict nccl, gloo;
+  if (o.nccl.is_high_priority_stream) nccl["is_high_priority_stream"] = *o.nccl.is_high_priority_stream;
+  if (o.nccl.net_name) nccl["net_name"] = *o.nccl.net_name;
+  for (const IntField& f : kNcclIntFields) {
+    if (o.nccl.*f.field) nccl[f.name] = *(o.nccl.*f.field);
+  }
+  if (o.gloo.interface) gloo["interface"] = *o.gloo.interface;
+  if (o.gloo.hostname) gloo["hostname"] = *o.gloo.hostname;
+  if (o.gloo.busy_poll) gloo["busy_poll"] = *o.gloo.busy_poll;
+  py::dict d;
+  d["nccl"] = nccl;
+  d["gloo"] = gloo;
+  d["hints"] = py::cast(o.hints);
+  return d;
+}
+
+py::dict spec_to_dict(const dist::GroupSpec& s) {
+  py::dict d;
+  d["name"] = s.name;
+  d["description"] = s.description;
+  d["ranks"] = s.ranks;
+  d["backend"] = s.backend;
+  d["timeout"] = s.timeout;
+  d["options"] = backend_options_to_dict(s.options);
+  d["hints"] = py::cast(s.hints);
+  d["parent"] = s.parent;
+  d["route"] = std::string(dist::to_string(s.route));
+  d["creation_index"] = s.creation_index;
+  return d;
+}
+
+std::vector<comms::DeviceType> device_types_of(const std::optional<std::vector<std::string>>& names) {
+  std::vector<comms::DeviceType> types;
+  if (names) {
+    for (const std::string& n : *names) types.push_back(comms::parse_device_type(n));
+  }
+  return types;
+}
+
+void bind_group(py::module_& m) {
+  py::class_<dist::Group>(m, "Group", "A process group; falsy on ranks that are not members")
+      .def("__bool__", [](const dist::Group& g) { return static_cast<bool>(g); })
+      .def_property_readonly("is_member", &dist::Group::is_member)
+      .def_property_readonly("rank", &dist::Group::rank)
+      .def_property_readonly("size", &dist::Group::size)
+      .def_property_readonly("global_ranks", &dist::Group::global_ranks)
+      .def_property_readonly("backend", &dist::Group::backend)
+      .def_property_readonly("device", [](const dist::Group& g) { return device_to_py(g.device()); })
+      .def_property_readonly("route", [](const dist::Group& g) { return std::string(dist::to_string(g.route())); })
+      .def_property_readonly("name", &dist::Group::name)
+      .def_property_readonly("spec", [](const dist::Group& g) { return spec_to_dict(g.spec()); })
+      .def_property_readonly("comm", &dist::Group::shared_comm, "The group's comms.Comm")
+      .def("describe", &dist::Group::describe)
+      .def("__repr__", [](const dist::Group& g) {
+        if (!g) return std::string("<comms.dist.Group (not a member)>");
+        return "<comms.dist.Group '" + g.name() + "' rank " + std::to_string(g.rank()) + "/" +
+               std::to_string(g.size()) + ">";
+      });
+}
+
+void bind_groups(py::module_& m) {
+  m.def("init_process_group", [](const std::string& backend, const std::optional<std::string>& device,
+                                 std::optional<Millis> timeout, std::optional<int> rank,
+                                 std::optional<int> world_size, const std::optional<py::dict>& options) {
+    dist::InitOptions init;
+    init.backend = backend;
+    init.device = device_of(device);
+    init.timeout = timeout;
+    init.rank = rank;
+    init.world_size = world_size;
+    init.options = backend_options_of(options);
+    py::gil_scoped_release nogil;
+    return dist::init_process_group(init);
+  }, py::kw_only(), py::arg("backend") = "", py::arg("device") = py::none(), py::arg("timeout") = py::none(),
+     py::arg("rank") = py::none(), py::arg("world_size") = py::none(), py::arg("options") = py::none(),
+     "Creates the world group (collective). device='cpu' binds it eagerly (COMMS_ROUTE=split needs that).");
+  m.def("is_initialized", &dist::is_initialized);
+  m.def("world", &dist::world);
+  m.def("new_group", [](const std::vector<int>& ranks, const std::string& backend, std::optional<Millis> timeout,
+                        const std::optional<py::dict>& options, const std::string& name,
+                        const std::string& description) {
+    dist::GroupOptions o;
+    o.backend = backend;
+    o.timeout = timeout;
+    o.options = backend_options_of(options);
+    o.name = name;
+    o.description = description;
+    py::gil_scoped_release nogil;
+    return dist::new_group(ranks, o);
+  }, py::arg("ranks"), py::kw_only(), py::arg("backend") = "", py::arg("timeout") = py::none(),
+     py::arg("options") = py::none(), py::arg("name") = "", py::arg("description") = "",
+     "Collective over the world (c10d semantics); non-members get a falsy Group.");
+  m.def("split_group", [](const dist::Group& parent, const std::vector<std::vector<int>>& rank_lists,
+                          std::optional<Millis> timeout, const std::optional<py::dict>& options,
+                          const std::string& backend, const std::string& name, const std::string& description) {
+    dist::SplitGroupOptions o;
+    o.timeout = timeout;
+    o.options = backend_options_of(options);
+    o.backend = backend;
+    o.name = name;
+    o.description = description;
+    py::gil_scoped_release nogil;
+    return dist::split_group(parent, rank_lists, o);
+  }, py::arg("parent"), py::arg("rank_lists"), py::kw_only(), py::arg("timeout") = py::none(),
+     py::arg("options") = py::none(), py::arg("backend") = "", py::arg("name") = "", py::arg("description") = "");
+  m.def("destroy_process_group", [](const std::optional<dist::Group>& group) {
+    py::gil_scoped_release nogil;
+    if (group) dist::destroy_process_group(*group);
+    else dist::destroy_process_group();
+  }, py::arg("group") = py::none(), "One group, or (no argument) the world and every group.");
+  m.def("groups", &dist::groups);
+  m.def("route_from_environment", [] { return std::string(dist::to_string(dist::route_from_environment())); });
+  m.def("to_hints", [](const py::dict& options) { return dist::to_hints(backend_options_of(options)); },
+        py::arg("options"));
+}
+
+void bind_lifecycle(py::module_& m) {
+  m.def("offload_groups", [](const std::optional<std::vector<std::string>>& device_types) {
+    const auto types = device_types_of(device_types);
+    dist::OffloadReport r;
+    {
+      py::gil_scoped_release nogil;
+      r = dist::offload_groups(types);
+    }
+    py::dict d;
+    d["groups_offloaded"] = r.groups_offloaded;
+    d["communicators_destroyed"] = r.communicators_destroyed;
+    d["groups"] = r.groups;
+    d["device_memory_before"] = r.device_memory_before;
+    d["device_memory_after"] = r.device_memory_after;
+    d["text"] = r.to_string();
+    return d;
+  }, py::arg("device_types") = py::none(), "Releases those backends ('cpu', 'cuda'; default: every non-CPU one).");
+  m.def("reload_groups", [] {
+    dist::ReloadReport r;
+    {
+      py::gil_scoped_release nogil;
+      r = dist::reload_groups();
+    }
+    py::dict d;
+    d["groups_reloaded"] = r.groups_reloaded;
+    d["communicators_created"] = r.communicators_created;
+    return d;
+  });
+  m.def("shutdown", &dist::shutdown, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace
+
+void bind_dist(py::module_& m) {
+  bind_group(m);
+  bind_groups(m);
+  bind_lifecycle(m);
+}
+
+void bind_parallel(py::module_& m) {
+  py::class_<dist::RankGenerator>(m, "RankGenerator", "Megatron-LM's rank ordering")
+      .def(py::init<int, int, int, int, int, std::string_view, int>(), py::arg("tp"), py::arg("ep"), py::arg("dp"),
+           py::arg("pp"), py::arg("cp"), py::arg("order") = "tp-cp-ep-dp-pp", py::arg("rank_offset") = 0)
+      .def("get_ranks", &dist::RankGenerator::get_ranks, py::arg("token"))
+      .def_property_readonly("world_size", &dist::RankGenerator::world_size)
+      .def_property_readonly("rank_offset", &dist::RankGenerator::rank_offset)
+      .def_property_readonly("order", &dist::RankGenerator::order)
+      .def("size_of", &dist::RankGenerator::size_of, py::arg("axis"));
+
+  py::class_<dist::ParallelConfig>(m, "ParallelConfig")
+      .def(py::init<>())
+      .def_readwrite("tp", &dist::ParallelConfig::tp)
+      .def_readwrite("pp", &dist::ParallelConfig::pp)
+      .def_readwrite("cp", &dist::ParallelConfig::cp)
+      .def_readwrite("ep", &dist::ParallelConfig::ep)
+      .def_readwrite("expert_tp", &dist::ParallelConfig::expert_tp)
+      .def_readwrite("order", &dist::ParallelConfig::order)
+      .def_readwrite("rank_offset", &dist::ParallelConfig::rank_offset)
+      .def_readwrite("world_size", &dist::ParallelConfig::world_size)
+      .def_readwrite("timeout", &dist::ParallelConfig::timeout)
+      .def_readwrite("backend", &dist::ParallelConfig::backend)
+      .def_readwrite("create_gloo_groups", &dist::ParallelConfig::create_gloo_groups)
+      .def_readwrite("create_all_gather_groups", &dist::ParallelConfig::create_all_gather_groups)
+      .def_readwrite("high_priority_groups", &dist::ParallelConfig::high_priority_groups)
+      .def_readwrite("name", &dist::ParallelConfig::name)
+      .def("set_communicator_config", [](dist::ParallelConfig& c, const std::string& yaml) {
+        c.group_options = dist::parse_communicator_config(yaml);
+      }, py::arg("yaml_text"), "Per-group options in Megatron's --nccl-communicator-config-path YAML layout")
+      .def_property_readonly("group_options", [](const dist::ParallelConfig& c) {
+        py::dict d;
+        for (const auto& [name, options] : c.group_options) d[py::str(name)] = backend_options_to_dict(options);
+        return d;
+      });
+
+  m.def("parse_parallel_flags", [](const std::string& text) {
+    const dist::ParallelFlags flags = dist::parse_parallel_flags(text);
+    return py::make_tuple(flags.config, flags.world, flags.dp);
+  }, py::arg("text"), "'world=4,tp=2,pp=2,order=tp-pp-dp' -> (ParallelConfig, world or None, dp or None)");
+  m.def("group_names", &dist::group_names);
+  m.def("plan_model_parallel", [](const dist::ParallelConfig& config, int world_size, const std::string& backend) {
+    const dist::ParallelPlan plan = dist::plan_model_parallel(config, world_size, backend);
+    py::dict d;
+    d["world_size"] = plan.world_size;
+    d["dp"] = plan.dp;
+    d["expert_tp"] = plan.expert_tp;
+    d["expert_dp"] = plan.expert_dp;
+    py::dict groups;
+    for (const dist::PlannedGroup& g : plan.groups) groups[py::str(g.name)] = g.rank_lists;
+    d["groups"] = groups;
+    return d;
+  }, py::arg("config"), py::arg("world_size"), py::arg("world_backend") = "");
+
+  using Collection = dist::ProcessGroupCollection;
+  py::class_<Collection>(m, "ProcessGroupCollection", "The model-parallel groups of one collection")
+      .def("get", &Collection::get, py::arg("name"), "This rank's group (raises comms.Error if none)")
+      .def("has", &Collection::has, py::arg("name"))
+      .def("rank_lists", &Collection::rank_lists, py::arg("name"))
+      .def_property_readonly("prefix", &Collection::prefix)
+      .def_property_readonly("dp_size", [](const Collection& c) { return c.plan().dp; })
+      .def("__getattr__", [](const Collection& c, const std::string& name) -> dist::Group {
+        if (!c.has(name)) throw py::attribute_error("no group '" + name + "' for this rank in the collection");
+        return c.get(name);
+      });
+  m.def("initialize_model_parallel", [](const dist::ParallelConfig& config) {
+    py::gil_scoped_release nogil;
+    return dist::initialize_model_parallel(config);
+  }, py::arg("config"), "Collective over the world: builds every group of the layout with new_group");
+}
+
+}  // namespace comms_py
