@@ -13,6 +13,7 @@ import traceback
 import numpy as np
 
 import comms
+import dlpack_helper as dl
 
 CHECKS = []
 
@@ -215,6 +216,70 @@ def error_contents(c):
     x = np.ones(2, np.int32)
     c.all_reduce(x)
     expect(x, np.full(2, c.size, np.int32), "usable after the error")
+
+
+@check
+def dlpack_dtypes(c):
+    r, n = c.rank, c.size
+    # numpy through __dlpack__ only (the output is written through it).
+    out = np.zeros(3, np.float32)
+    c.all_reduce(dl.DLOnly(np.array([r, 1, 2], np.float32)), dl.DLOnly(out), op="sum")
+    expect(out, np.array([sum(range(n)), n, 2 * n], np.float32), "numpy __dlpack__")
+    # bfloat16: rank r holds r+1 and 0.5; the sum is computed in bfloat16.
+    bf = dl.bfloat16_bits([r + 1, 0.5])
+    c.all_reduce(dl.DLTensor(bf, dl.BFLOAT, 16), op="sum")
+    expect(bf, dl.bfloat16_bits([n * (n + 1) / 2, 0.5 * n]), "bfloat16")
+    # float16 through DLPack's float code (the versioned layout).
+    half = np.array([r + 1, -2], np.float16)
+    c.all_reduce(dl.DLTensor(half.view(np.uint16), dl.FLOAT, 16, versioned=True), op="max")
+    expect(half, np.array([n, -2], np.float16), "float16 via DLPack")
+    for code in (dl.FLOAT8_E4M3FN, dl.FLOAT8_E5M2):
+        f8 = np.full(2, dl.FLOAT8_ONE_TWO_FOUR[code][1], np.uint8)  # 1.0 on every rank
+        c.all_reduce(dl.DLTensor(f8, code, 8), op="sum")
+        expect(f8, np.full(2, dl.FLOAT8_ONE_TWO_FOUR[code][n], np.uint8), "float8 code %d" % code)
+
+
+def _raises(kind, fn, words):
+    try:
+        fn()
+    except kind as e:
+        if words not in str(e):
+            raise AssertionError("%s without %r: %s" % (kind.__name__, words, e))
+        return
+    raise AssertionError("no %s for %s" % (kind.__name__, words))
+
+
+@check
+def validation_nothing_sent(c):
+    # Rank 0 makes every mistake; if any of them were sent, the valid op
+    # after would pair with it and give other values (or hang).
+    r, n = c.rank, c.size
+    if r == 0:
+        x = np.zeros(8, np.float32)
+        _raises(ValueError, lambda: c.all_reduce(x[::2]), "not contiguous")
+        ro = np.zeros(4, np.float32)
+        ro.setflags(write=False)
+        _raises(ValueError, lambda: c.all_reduce(ro), "read-only")
+        _raises(ValueError, lambda: c.recv(b"abcd", peer=n - 1), "read-only")
+        _raises(ValueError, lambda: c.all_reduce(dl.DLTensor(np.zeros(4, np.float32), dl.FLOAT, 32, versioned=True,
+                                                             flags=dl.READ_ONLY)), "read-only")
+        _raises(ValueError, lambda: c.all_reduce(dl.DLTensor(np.zeros(8, np.float32), dl.FLOAT, 32, strides=2,
+                                                             count=4)), "not contiguous")
+        _raises(TypeError, lambda: c.all_reduce(x, np.zeros(8, np.int32)), "dtype mismatch")
+        _raises(TypeError, lambda: c.all_reduce(dl.DLTensor(np.zeros(4, np.float64), dl.COMPLEX, 64)), "no comms data type")
+        _raises(TypeError, lambda: c.all_reduce([1.0, 2.0]), "neither the buffer protocol nor __dlpack__")
+        _raises(TypeError, lambda: c.all_reduce(np.zeros(2, np.int16)), "no comms data type")
+        _raises(ValueError, lambda: c.all_reduce(x, np.zeros(7, np.float32)), "needs 8")
+        _raises(ValueError, lambda: c.all_gather(x, np.zeros(8 * n + 1, np.float32)), "needs %d" % (8 * n))
+        _raises(ValueError, lambda: c.reduce_scatter(np.zeros(3 * n + 1, np.float32), np.zeros(3, np.float32)),
+                "needs %d" % (3 * n))
+        _raises(ValueError, lambda: c.all_gather_v(x, np.zeros(8, np.float32), [8] * (n + 1)), "entries")
+        if n > 1:
+            odd = np.zeros(4 * n + 1, np.float32)
+            _raises(ValueError, lambda: c.all_to_all(odd, odd.copy()), "multiple")
+    y = np.array([r + 1.0], np.float32)
+    c.all_reduce(y, op="sum")
+    expect(y, np.array([n * (n + 1) / 2], np.float32), "after the rejected calls")
 
 
 def main():

@@ -1,0 +1,67 @@
+"""A rank 0 blocked in recv from rank 1, which never sends.
+
+mode "sigint": a thread sends this process SIGINT 0.5 s into the recv; the
+recv must end in KeyboardInterrupt within 1 s of it.
+mode "timeout": the recv has a 0.5 s timeout and must raise comms.Error
+with code "timeout".
+Rank 0 writes {"ok": bool, ...} to OUT_DIR/rank0.json; rank 1 waits for
+rank 0 to finish (through a file) and exits.
+"""
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import comms
+
+
+def main():
+    out_dir, mode = sys.argv[1], sys.argv[2]
+    c = comms.new_comm(device="cpu", name="blocked", op_timeout=30.0)
+    done_flag = os.path.join(out_dir, "rank0.json")
+    if c.rank != 0:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(done_flag) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(os.path.join(out_dir, "rank%d.json" % c.rank), "w") as f:
+            json.dump({"ok": True}, f)
+        os._exit(0)  # rank 0's comm is aborted; nothing left to finalize together
+    result = {"ok": False}
+    buf = np.zeros(4, np.float32)
+    if mode == "sigint":
+        sent = {}
+
+        def interrupt():
+            time.sleep(0.5)
+            sent["at"] = time.monotonic()
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            c.recv(buf, peer=1)
+            result["error"] = "recv returned"
+        except KeyboardInterrupt:
+            latency = time.monotonic() - sent["at"]
+            result.update(ok=latency < 1.0, latency=latency, comm_failed=c.is_failed())
+    else:
+        start = time.monotonic()
+        try:
+            c.recv(buf, peer=1, timeout=0.5)
+            result["error"] = "recv returned"
+        except comms.Error as e:
+            took = time.monotonic() - start
+            result.update(ok=e.code == "timeout" and e.op == "recv" and e.rank == 0 and e.comm == "blocked"
+                          and 0.4 < took < 5, code=e.code, op=e.op, rank=e.rank, took=took, message=str(e))
+    tmp = done_flag + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.rename(tmp, done_flag)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
