@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""The data-parallel trainer of examples/trainer/trainer.cc, in Python with numpy.
+
+Same model, data, steps and output: a linear or two-layer model fit to
+deterministic synthetic data; each step uses the same global batch whatever
+the world size, every rank takes a contiguous slice of it, gradients are
+averaged with all_reduce(avg) and the parameters start from rank 0's by
+broadcast. The arithmetic follows the C++ program operation by operation in
+float32 (loss in float64), so final_loss= agrees with it.
+
+    PYTHONPATH=build/python build/tools/commsrun -n 4 -- python3 examples/trainer.py --steps 100
+
+The backend comes from COMMS_BACKEND (default: Gloo on CPU) and the route that
+creates groups from COMMS_ROUTE (direct or split).
+"""
+import argparse
+import sys
+
+import numpy as np
+
+import comms
+from comms import dist, parallel
+
+INPUTS = 16
+HIDDEN = 32
+F32 = np.float32
+
+
+def uniform(keys):
+    """The counter-based generator (splitmix64): sample i's values do not
+    depend on which rank draws them. keys: uint64 array; result float64 in [-1, 1)."""
+    k = keys + np.uint64(0x9E3779B97F4A7C15)
+    k = (k ^ (k >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    k = (k ^ (k >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    k ^= k >> np.uint64(31)
+    return (k >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0) * 2.0 - 1.0
+
+
+def samples(indices):
+    """x (n, INPUTS) float32 and y (n,) float32 of the given sample indices."""
+    idx = np.asarray(indices, np.uint64)
+    keys = idx[:, None] * np.uint64(1000) + np.arange(INPUTS, dtype=np.uint64)[None, :]
+    x = uniform(keys).astype(F32)
+    y = np.full(len(idx), 0.3)
+    for j in range(INPUTS):  # the function to learn, summed in the C++ order
+        y += np.sin(0.5 * (j + 1)) * x[:, j].astype(np.float64)
+    y = (y + 0.1 * np.tanh(x[:, 0] * x[:, 1]).astype(np.float64)).astype(F32)
+    return x, y
+
+
+class Model:
+    def __init__(self, mlp):
+        self.mlp = mlp
+        size = INPUTS * HIDDEN + HIDDEN + HIDDEN + 1 if mlp else INPUTS + 1
+        self.params = np.zeros(size, F32)
+
+    def init(self, seed):
+        scale = F32(0.25 if self.mlp else 0.1)
+        self.params[:] = scale * uniform(np.uint64(seed) + np.arange(self.params.size, dtype=np.uint64)).astype(F32)
+
+    def accumulate(self, x, y, grad, weight):
+        """Adds d(loss)/d(params) of each sample (squared error), scaled by
+        weight, to grad in sample order; returns the samples' float64 losses."""
+        return self._mlp(x, y, grad, weight) if self.mlp else self._linear(x, y, grad, weight)
+
+    def _linear(self, x, y, grad, weight):
+        p = self.params
+        pred = np.full(len(y), p[INPUTS], F32)
+        for j in range(INPUTS):
+            pred += p[j] * x[:, j]
+        err = pred - y
+        scaled = weight * F32(2) * err
+        for i in range(len(y)):
+            grad[:INPUTS] += scaled[i] * x[i]
+            grad[INPUTS] += scaled[i]
+        return err.astype(np.float64) * err
+
+    def _mlp(self, x, y, grad, weight):
+        p = self.params
+        w1 = p[:INPUTS * HIDDEN].reshape(HIDDEN, INPUTS)
+        b1 = p[INPUTS * HIDDEN:INPUTS * HIDDEN + HIDDEN]
+        w2 = p[INPUTS * HIDDEN + HIDDEN:INPUTS * HIDDEN + 2 * HIDDEN]
+        b2 = p[-1]
+        a = np.repeat(b1[None, :], len(y), axis=0)
+        for j in range(INPUTS):
+            a += w1[:, j][None, :] * x[:, j][:, None]
+        h = np.tanh(a)
+        pred = np.full(len(y), b2, F32)
+        for k in range(HIDDEN):
+            pred += w2[k] * h[:, k]
+        err = pred - y
+        gw1 = grad[:INPUTS * HIDDEN].reshape(HIDDEN, INPUTS)
+        gb1 = grad[INPUTS * HIDDEN:INPUTS * HIDDEN + HIDDEN]
+        gw2 = grad[INPUTS * HIDDEN + HIDDEN:INPUTS * HIDDEN + 2 * HIDDEN]
+        for i in range(len(y)):
+            scaled = weight * F32(2) * err[i]
+            grad[-1] += scaled
+            gw2 += scaled * h[i]
+            dh = scaled * w2 * (F32(1) - h[i] * h[i])
+            gb1 += dh
+            gw1 += dh[:, None] * x[i][None, :]
+        return err.astype(np.float64) * err
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description="Data-parallel trainer on comms (backend from COMMS_BACKEND)")
+    ap.add_argument("--steps", type=int, default=200, help="training steps")
+    ap.add_argument("--print-every", type=int, default=20, help="print the loss every K steps")
+    ap.add_argument("--batch", type=int, default=48, help="global batch size (split across ranks)")
+    ap.add_argument("--lr", type=float, default=0.05, help="learning rate")
+    ap.add_argument("--model", choices=["linear", "mlp"], default="linear")
+    ap.add_argument("--offload-every", type=int, default=0,
+                    help="every K steps, offload and reload the groups' communicators")
+    ap.add_argument("--parallel", default="", help="tp=..,pp=..,cp=..,dp=..,order=..: average over the dp group")
+    ap.add_argument("--nccl-communicator-config-path", default="",
+                    help="per-group communicator options, Megatron's YAML layout (with --parallel)")
+    args = ap.parse_args(argv)
+    for name in ("steps", "print_every", "batch"):
+        if getattr(args, name) <= 0:
+            ap.error("--%s must be positive" % name.replace("_", "-"))
+    return args
+
+
+def gradient_group(args, world):
+    """The group gradients are averaged over, and the layout's description."""
+    size = world.size
+    if not args.parallel:
+        if args.nccl_communicator_config_path:
+            raise SystemExit("trainer: --nccl-communicator-config-path needs --parallel")
+        return dist.new_group(world.global_ranks, description="data-parallel gradient averaging"), "data parallel"
+    config, flag_world, flag_dp = parallel.parse_parallel_flags(args.parallel)
+    if flag_world is not None and flag_world != size:
+        raise UsageError("--parallel world=%d but the job has %d ranks" % (flag_world, size))
+    if config.rank_offset != 0:
+        raise UsageError("--parallel rank_offset must be 0 here: every rank of the job trains")
+    config.name = "trainer"
+    if args.nccl_communicator_config_path:
+        with open(args.nccl_communicator_config_path) as f:
+            config.set_communicator_config(f.read())
+    derived_dp = parallel.plan_model_parallel(config, size)["dp"]
+    if flag_dp is not None and flag_dp != derived_dp:
+        raise UsageError("--parallel dp=%d but %d ranks / (tp*pp*cp) give dp=%d" % (flag_dp, size, derived_dp))
+    collection = parallel.initialize_model_parallel(config)
+    layout = "tp=%d pp=%d cp=%d dp=%d order %s" % (config.tp, config.pp, config.cp, collection.dp_size, config.order)
+    return collection.dp, layout
+
+
+class UsageError(Exception):
+    pass
+
+
+
+
+def train(args):
+    world = dist.init_process_group(device="cpu")  # binds eagerly: a missing peer shows up here
+    rank, size = world.rank, world.size
+    grads, layout = gradient_group(args, world)
+    dp_rank, dp_size = grads.rank, grads.size
+    if args.batch % dp_size != 0:
+        print("trainer: the global batch %d does not split evenly over %d data-parallel ranks"
+              % (args.batch, dp_size), file=sys.stderr)
+        return 2
+    local_batch = args.batch // dp_size
+    if rank == 0:
+        print("trainer: %d ranks (%s), backend %s, route %s, model %s, global batch %d"
+              % (size, layout, world.backend, grads.route, args.model, args.batch))
+
+    model = Model(args.model == "mlp")
+    if rank == 0:
+        model.init(42)  # the others receive rank 0's parameters
+    world.broadcast(model.params, root=0)
+
+    grad = np.zeros_like(model.params)
+    weight = F32(1.0) / F32(local_batch)
+    lr = F32(args.lr)
+    loss = 0.0
+    for step in range(1, args.steps + 1):
+        grad[:] = 0
+        first = step * args.batch + dp_rank * local_batch
+        x, y = samples(np.arange(first, first + local_batch))
+        local_loss = 0.0
+        for sample_loss in model.accumulate(x, y, grad, weight):
+            local_loss += float(sample_loss)
+        local_loss /= local_batch
+        grads.all_reduce(grad, op="avg")
+        loss_buf = np.array([local_loss], np.float64)
+        grads.all_reduce(loss_buf, op="avg")
+        loss = float(loss_buf[0])
+        model.params -= lr * grad
+        if rank == 0 and (step % args.print_every == 0 or step == 1):
+            print("step %d loss %.9g" % (step, loss), flush=True)
+        if args.offload_every > 0 and step % args.offload_every == 0:
+            types = ["cpu"] if world.comm.backend_state("cuda") == "absent" else None
+            offloaded = dist.offload_groups(types)
+            reloaded = dist.reload_groups()
+            if rank == 0:
+                print("%s reloaded_groups=%d reloaded_communicators=%d"
+                      % (offloaded["text"], reloaded["groups_reloaded"], reloaded["communicators_created"]))
+    world.barrier()
+    if rank == 0:
+        print("final_loss=%.9g" % loss, flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        return train(args)
+    except (comms.Error, UsageError) as e:
+        print("trainer: %s" % e, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
