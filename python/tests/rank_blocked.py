@@ -3,7 +3,8 @@
 mode "sigint": a thread sends this process SIGINT 0.5 s into the recv; the
 recv must end in KeyboardInterrupt within 1 s of it.
 mode "timeout": the recv has a 0.5 s timeout and must raise comms.Error
-with code "timeout".
+with code "timeout"; a Python thread keeps running meanwhile (the GIL is
+released).
 Rank 0 writes {"ok": bool, ...} to OUT_DIR/rank0.json; rank 1 waits for
 rank 0 to finish (through a file) and exits.
 """
@@ -48,14 +49,32 @@ def main():
             latency = time.monotonic() - sent["at"]
             result.update(ok=latency < 1.0, latency=latency, comm_failed=c.is_failed())
     else:
+        # A pure-Python thread counts while the recv blocks: it can only run
+        # if the recv released the GIL.
+        ran_at, stop = [], threading.Event()
+
+        def count():
+            n = 0
+            while not stop.is_set():
+                n += 1
+                if n % 1000 == 0:
+                    ran_at.append(time.monotonic())
+
+        counter = threading.Thread(target=count)
         start = time.monotonic()
+        counter.start()
         try:
             c.recv(buf, peer=1, timeout=0.5)
             result["error"] = "recv returned"
         except comms.Error as e:
             took = time.monotonic() - start
+            stop.set()
+            counter.join()
+            # Ran in the middle of the recv, away from its start and end.
+            mid = sum(1 for t in ran_at if start + 0.15 < t < start + 0.35)
             result.update(ok=e.code == "timeout" and e.op == "recv" and e.rank == 0 and e.comm == "blocked"
-                          and 0.4 < took < 5, code=e.code, op=e.op, rank=e.rank, took=took, message=str(e))
+                          and 0.4 < took < 5 and mid > 10, code=e.code, op=e.op, rank=e.rank,
+                          took=took, python_ran_while_blocked=mid, message=str(e))
     tmp = done_flag + ".tmp"
     with open(tmp, "w") as f:
         json.dump(result, f)

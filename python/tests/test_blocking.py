@@ -9,6 +9,6 @@ def test_sigint_interrupts_blocked_recv(tmp_path):
     assert results[0]["comm_failed"], "the interrupted comm must be aborted (its op was still in flight)"
 
 
-def test_recv_timeout_is_a_timeout_error(tmp_path):
+def test_recv_timeout_is_a_timeout_error_and_releases_the_gil(tmp_path):
     proc, results = run_rank_script(2, "rank_blocked.py", tmp_path, "timeout", timeout=30)
     assert results[0]["ok"], results[0]
