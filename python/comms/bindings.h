@@ -31,6 +31,9 @@ struct PyWork {
   // KeyboardInterrupt (the op stays in flight and keeps its buffers).
   void wait();
   bool is_completed() const { return work.is_completed(); }
+  // A Work dropped before its op finished (async_op=True, never waited)
+  // waits for it here: the backend may still write into the buffers.
+  ~PyWork();
 };
 
 // Polls `work` with the GIL released, running Python's signal handlers

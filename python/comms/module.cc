@@ -1,5 +1,6 @@
 // The _comms extension: error translation, waiting, and the module's entry.
 #include <thread>
+#include <utility>
 
 #include "bindings.h"
 #include "comms/comms.h"
@@ -79,6 +80,12 @@ void PyWork::wait() {
   keep.clear();
 }
 
+PyWork::~PyWork() {
+  if (keep.empty() || work.is_completed()) return;
+  py::gil_scoped_release nogil;  // destroyed by Python, with the GIL
+  while (!work.is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 py::object run_op(const std::shared_ptr<comms::Comm>& comm, const char* op, bool async_op,
                   std::optional<Millis> timeout, const comms::Hints& hints, uint32_t tag, Keepalive keep,
                   const std::function<comms::Work(const comms::OpOptions&)>& issue) {
@@ -106,7 +113,7 @@ py::object run_op(const std::shared_ptr<comms::Comm>& comm, const char* op, bool
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
-    if (!work->work.is_completed()) give_up_buffers(std::move(work->keep));
+    if (!work->work.is_completed()) give_up_buffers(std::exchange(work->keep, {}));
     throw interrupt;
   }
   {

@@ -182,6 +182,11 @@ def async_work(c):
             raise AssertionError("work %d: completed=%s status=%s" % (k, w.is_completed(), w.status))
         expect(xs[k], np.full(3, sum(q + k for q in range(n)), np.float64), "async %d" % k)
     c.barrier(async_op=True).wait()
+    # A Work dropped at once waits for its op when it goes away, so the
+    # buffer is complete (and was never freed under the op).
+    dropped = np.full(2, r + 1, np.int64)
+    c.all_reduce(dropped, op="sum", async_op=True)
+    expect(dropped, np.full(2, n * (n + 1) // 2, np.int64), "dropped Work")
 
 
 @check
