@@ -121,12 +121,17 @@ def parse_args(argv):
     return args
 
 
+class UsageError(Exception):
+    """A --parallel layout that does not fit the job (reported like comms.Error)."""
+
+
 def gradient_group(args, world):
     """The group gradients are averaged over, and the layout's description."""
     size = world.size
     if not args.parallel:
         if args.nccl_communicator_config_path:
-            raise SystemExit("trainer: --nccl-communicator-config-path needs --parallel")
+            print("trainer: --nccl-communicator-config-path needs --parallel", file=sys.stderr)
+            raise SystemExit(2)
         return dist.new_group(world.global_ranks, description="data-parallel gradient averaging"), "data parallel"
     config, flag_world, flag_dp = parallel.parse_parallel_flags(args.parallel)
     if flag_world is not None and flag_world != size:
@@ -143,12 +148,6 @@ def gradient_group(args, world):
     collection = parallel.initialize_model_parallel(config)
     layout = "tp=%d pp=%d cp=%d dp=%d order %s" % (config.tp, config.pp, config.cp, collection.dp_size, config.order)
     return collection.dp, layout
-
-
-class UsageError(Exception):
-    pass
-
-
 
 
 def train(args):
