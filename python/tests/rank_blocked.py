@@ -1,7 +1,8 @@
 """A rank 0 blocked in recv from rank 1, which never sends.
 
 mode "sigint": a thread sends this process SIGINT 0.5 s into the recv; the
-recv must end in KeyboardInterrupt within 1 s of it.
+recv must end in KeyboardInterrupt within 1 s of it. "sigint_wait": the same
+for Work.wait() of an async recv, which leaves the op in flight.
 mode "timeout": the recv has a 0.5 s timeout and must raise comms.Error
 with code "timeout"; a Python thread keeps running meanwhile (the GIL is
 released).
@@ -33,7 +34,7 @@ def main():
         os._exit(0)  # rank 0's comm is aborted; nothing left to finalize together
     result = {"ok": False}
     buf = np.zeros(4, np.float32)
-    if mode == "sigint":
+    if mode in ("sigint", "sigint_wait"):
         sent = {}
 
         def interrupt():
@@ -42,12 +43,24 @@ def main():
             os.kill(os.getpid(), signal.SIGINT)
 
         threading.Thread(target=interrupt, daemon=True).start()
+        work = c.recv(buf, peer=1, async_op=True) if mode == "sigint_wait" else None
         try:
-            c.recv(buf, peer=1)
+            if work:
+                work.wait()
+            else:
+                c.recv(buf, peer=1)
             result["error"] = "recv returned"
         except KeyboardInterrupt:
             latency = time.monotonic() - sent["at"]
             result.update(ok=latency < 1.0, latency=latency, comm_failed=c.is_failed())
+        if work:
+            # Work.wait() leaves the op in flight; abort() then ends it.
+            result["pending_after_interrupt"] = not work.is_completed()
+            c.abort("test over")
+            deadline = time.monotonic() + 5
+            while not work.is_completed() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            result["status_after_abort"] = work.status
     else:
         # A pure-Python thread counts while the recv blocks: it can only run
         # if the recv released the GIL.
