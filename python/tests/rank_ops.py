@@ -218,9 +218,20 @@ def error_contents(c):
             raise AssertionError("error fields %r" % ((e.code, e.comm, e.op, e.seq, e.rank),))
         if not isinstance(e, RuntimeError):
             raise AssertionError("comms.Error is not a RuntimeError")
+    try:
+        c.all_reduce(np.ones(2, np.float32), op="median")
+        raise AssertionError("op='median' was accepted")
+    except comms.Error as e:
+        if e.code != "invalid_argument" or "median" not in str(e):
+            raise AssertionError("bad op error: %s %s" % (e.code, e))
+    try:
+        c.all_reduce(np.ones(2, np.float32), op=3)
+        raise AssertionError("op=3 was accepted")
+    except TypeError:
+        pass
     x = np.ones(2, np.int32)
     c.all_reduce(x)
-    expect(x, np.full(2, c.size, np.int32), "usable after the error")
+    expect(x, np.full(2, c.size, np.int32), "usable after the errors")
 
 
 @check
