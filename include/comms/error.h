@@ -51,9 +51,13 @@ struct Status {
   bool is_ok() const { return code == ErrorCode::kOk; }
 };
 
-// Thrown by every public call. what() reads like
-//   "comms[world rank 2/4] all_reduce #17: timeout: no data from rank 3 in 30000 ms"
-// and the parts are available separately for programs that branch on them.
+// Thrown by every public call. An op's error reads
+//   "comms[world rank 0/2] all_reduce #3: timeout: <the backend's text> (peer rank 1)"
+// (a Gloo read timeout: "... timeout: [...pair.cc:574] Read timeout [127.0.0.1]:9394
+// (peer rank 1)"), and the parts are available separately for programs that
+// branch on them: comm() "world", op() "all_reduce", seq() 3, rank() 0,
+// peer() 1. Errors of new_comm have op() "new_comm", of comms::dist group
+// creation op() "new_group" and comm() the group's name, both with seq() 0.
 class COMMS_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message)
