@@ -56,8 +56,10 @@ struct Status {
 // (a Gloo read timeout: "... timeout: [...pair.cc:574] Read timeout [127.0.0.1]:9394
 // (peer rank 1)"), and the parts are available separately for programs that
 // branch on them: comm() "world", op() "all_reduce", seq() 3, rank() 0,
-// peer() 1. Errors of new_comm have op() "new_comm", of comms::dist group
-// creation op() "new_group" and comm() the group's name, both with seq() 0.
+// peer() 1. Errors of new_comm's checks before any backend exists (bad
+// hints, timeouts, bootstrap) have op() "new_comm"; errors of comms::dist
+// group creation have op() "new_group" and comm() the group's name; both
+// seq() 0 and the world rank as rank().
 class COMMS_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message)
