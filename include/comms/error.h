@@ -59,7 +59,8 @@ struct Status {
 // peer() 1. Errors of new_comm's checks before any backend exists (bad
 // hints, timeouts, bootstrap) have op() "new_comm"; errors of comms::dist
 // group creation have op() "new_group" and comm() the group's name; both
-// seq() 0 and the world rank as rank().
+// have seq() 0, and rank() is this process's rank in the comm (new_comm) or
+// in the world (groups).
 class COMMS_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message)
