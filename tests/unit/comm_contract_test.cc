@@ -214,6 +214,19 @@ TEST_F(CommContract, ErrorsCarryCommOpSeqAndRank) {
     EXPECT_EQ(e.rank(), 0);
     EXPECT_EQ(e.peer(), -1);  // no peer caused it
   }
+  OpOptions hinted;
+  hinted.hints = {{"gloo.algorithm", "ring"}};  // no such Gloo key
+  try {
+    c->all_reduce(BufferView::of(&x, 1), ReduceOp::sum(), hinted);
+    FAIL() << "an unknown per-op hint was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_CONTAINS(std::string(e.what()), "comms[fields rank 0/1] all_reduce #2: invalid_argument: unknown hint 'gloo.algorithm'");
+    EXPECT_EQ(e.comm(), "fields");
+    EXPECT_EQ(e.op(), "all_reduce");
+    EXPECT_EQ(e.seq(), 2u);  // the rejected broadcast took no number
+    EXPECT_EQ(e.rank(), 0);
+  }
   CommOptions bad = o;
   bad.hints = {{"nccl.max_ctas", "4"}};
   try {
