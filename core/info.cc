@@ -15,7 +15,10 @@ namespace {
 
 PluginInfo info_of(const std::string& name, const std::string& path,
                    const plugin::PluginDescriptor* d, const std::string& error) {
-  PluginInfo info{name, path, "", {}, {}, error};
+  PluginInfo info;
+  info.name = name;
+  info.path = path;
+  info.error = error;
   if (!d) return info;
   info.version = d->version ? d->version : "";
   for (int t = 0; t < kNumDeviceTypes; ++t) {
@@ -24,6 +27,22 @@ PluginInfo info_of(const std::string& name, const std::string& path,
     }
   }
   for (const char* const* k = d->hint_keys; k && *k; ++k) info.hint_keys.emplace_back(*k);
+  // Null for a plugin of ABI 2.0 (the registry copies only its prefix).
+  const plugin::Capabilities claims = d->capabilities ? *d->capabilities : plugin::Capabilities{};
+  info.declares_capabilities = d->capabilities != nullptr;
+  for (int t = 0; t < plugin::kNumOpTypes; ++t) {
+    if (claims.ops & plugin::op_bit(static_cast<plugin::OpType>(t))) {
+      info.ops.emplace_back(plugin::op_name(static_cast<plugin::OpType>(t)));
+    }
+  }
+  for (int t = 0; t < kNumDataTypes; ++t) {
+    if (claims.dtypes & plugin::dtype_bit(static_cast<DataType>(t))) info.dtypes.push_back(static_cast<DataType>(t));
+  }
+  for (int k = 0; k < kNumReduceKinds; ++k) {
+    if (claims.reductions & plugin::reduce_bit(static_cast<ReduceKind>(k))) {
+      info.reductions.push_back(static_cast<ReduceKind>(k));
+    }
+  }
   return info;
 }
 
@@ -47,6 +66,11 @@ std::vector<std::string> plugin_search_path() {
 
 PluginInfo load_plugin(const std::string& path) {
   const auto& p = internal::PluginRegistry::instance().load_file(path);
+  return info_of(p.name, p.path, p.descriptor, "");
+}
+
+PluginInfo plugin_info(const std::string& backend) {
+  const auto& p = internal::PluginRegistry::instance().get(backend);
   return info_of(p.name, p.path, p.descriptor, "");
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compiles every ```cpp block of the given Markdown files against include/.
 
-Usage: check_doc_examples.py INCLUDE_DIR FILE.md|DIR... -- COMPILER [ARGS...]
+Usage: check_doc_examples.py INCLUDE_DIR FILE.md|DIR... [--run COMMSRUN LIBDIR] -- COMPILER [ARGS...]
 (a DIR stands for its *.md files)
 
 Each block becomes the body of its own function, or, when it declares things
@@ -10,10 +10,25 @@ at file scope (a plugin's extern "C" entry), a namespace of its own (its
 (`grad`, `shard`, `init`, `train()`, ...). #line directives make the
 compiler's errors point at the Markdown file. One -fsyntax-only run checks
 them all; exit status 1 if any block does not compile or none was found.
+
+With --run, every block must also say how it runs, in an HTML comment on the
+line before its fence (invisible in the rendered page):
+  <!-- doc-example: ranks=4 -->            a program: it runs under COMMSRUN
+                                           at 4 ranks on the CPU quick start
+                                           (COMMS_BACKEND=cpu:gloo)
+  <!-- doc-example: not-a-program REASON --> compiled only (REASON says what
+                                           runs it instead, e.g. a plugin)
+A ```yaml (or other) block preceded by <!-- doc-file: NAME --> is written to
+NAME in the directory the programs run in. All programs are linked into one
+executable against LIBDIR's libcomms (argv[1] picks the block); a block
+fails when any rank exits non-zero. The last line is
+"N passed, N failed, N skipped" (for tools/run_tests.py).
 """
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import sys
 
 # Names the examples use without declaring them: buffers, a size, options
@@ -41,8 +56,51 @@ using namespace doc_examples_context;
 namespace dist = comms::dist;  // as the examples write it
 """
 
+# What the examples take as given, defined for running them: buffers sized
+# for the world (all_gather's output is world * its input), no-op training.
+RUN_MAIN = """
+#include <cstdlib>
+#include <exception>
+#include <string>
+namespace doc_examples_context {
+void train() { std::puts("train(): the user's training step"); }
+void generate() { std::puts("generate(): the user's inference phase"); }
+}  // namespace doc_examples_context
+int main(int argc, char** argv) {
+  using namespace doc_examples_context;
+  const char* ws = std::getenv("WORLD_SIZE");
+  const std::size_t world = ws ? std::strtoul(ws, nullptr, 10) : 1;
+  for (auto* t : {&grad, &shard, &embedding_grad}) t->assign(n, 1.0f);
+  full.assign(n * world, 0.0f);
+  grads.assign(n * world, 1.0f);
+  for (std::size_t r = 0; r < world; ++r) tp_ranks.push_back(static_cast<int>(r));
+  const int which = argc > 1 ? std::atoi(argv[1]) : -1;
+  try {
+    switch (which) {
+%s
+      default: std::fprintf(stderr, "no doc example %%d\\n", which); return 2;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "doc example %%d failed: %%s\\n", which, e.what());
+    return 1;
+  }
+  return 0;
+}
+"""
+
+ANNOTATION = re.compile(r"^<!--\s*doc-example:\s*(.*?)\s*-->\s*$")
+DOC_FILE = re.compile(r"^<!--\s*doc-file:\s*(\S+)\s*-->\s*$")
+ANY_FENCE = re.compile(r"^```\w*[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+
 FILE_SCOPE = re.compile(r'^extern "C"', re.M)
 FENCE = re.compile(r"^```cpp[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+
+
+def line_before(text, pos):
+    """The line above the one starting at pos (the fence line)."""
+    fence_start = text.rfind("\n", 0, pos - 1) + 1  # start of the ```cpp line
+    prev_start = text.rfind("\n", 0, max(fence_start - 1, 0)) + 1
+    return text[prev_start:max(fence_start - 1, prev_start)] if fence_start > 0 else ""
 
 
 def blocks(path):
@@ -52,11 +110,30 @@ def blocks(path):
         yield first_line, m.group(1)
 
 
-def translation_unit(files):
+def annotations(path):
+    """(first line, how) of each cpp block: "ranks=N", "not-a-program ...", or None."""
+    text = open(path, encoding="utf-8").read()
+    for m in FENCE.finditer(text):
+        a = ANNOTATION.match(line_before(text, m.start(1)))
+        yield text.count("\n", 0, m.start(1)) + 1, a.group(1) if a else None
+
+
+def doc_files(path):
+    text = open(path, encoding="utf-8").read()
+    for m in ANY_FENCE.finditer(text):
+        f = DOC_FILE.match(line_before(text, m.start(1)))
+        if f:
+            yield f.group(1), m.group(1)
+
+
+def translation_unit(files, keep=None):
+    """The blocks as one source; `keep`: the block numbers to take (all if None)."""
     includes, bodies, count = [], [], 0
     for path in files:
         for first_line, code in blocks(path):
             count += 1
+            if keep is not None and count not in keep:
+                continue
             body = []
             for i, line in enumerate(code.splitlines()):
                 if line.lstrip().startswith("#include"):
@@ -72,13 +149,75 @@ def translation_unit(files):
     return PREAMBLE + "\n".join(includes) + "\n" + "\n".join(bodies), count
 
 
+def run_examples(files, include_dir, compiler, commsrun, libdir):
+    """Links every block into one program and runs each that is one."""
+    plan, problems = [], []
+    index = 0
+    for path in files:
+        for first_line, how in annotations(path):
+            index += 1
+            where = f"{path}:{first_line}"
+            if how is None:
+                problems.append(f"{where}: no <!-- doc-example: ranks=N --> (or not-a-program REASON) line above the block")
+            elif how.startswith("not-a-program"):
+                print(f"SKIPPED {where}: {how}")
+            elif re.fullmatch(r"ranks=\d+", how):
+                plan.append((index, where, int(how.split("=")[1])))
+            else:
+                problems.append(f"{where}: cannot read the annotation '{how}'")
+    for p in problems:
+        print(f"FAILED {p}", file=sys.stderr)
+    cases = "\n".join(f"      case {i}: doc_example_{i}(); break;" for i, _, _ in plan)
+    workdir = tempfile.mkdtemp(prefix="comms-doc-examples-")
+    try:
+        for path in files:
+            for name, content in doc_files(path):
+                with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
+                    f.write(content)
+        exe = os.path.join(workdir, "doc_examples")
+        cmd = compiler + ["-std=c++20", "-I", include_dir, "-x", "c++", "-", "-x", "none", "-o", exe,
+                          "-L", libdir, "-lcomms", f"-Wl,-rpath,{os.path.abspath(libdir)}"]
+        source, _ = translation_unit(files, keep={i for i, _, _ in plan})
+        built = subprocess.run(cmd, input=source + RUN_MAIN % cases, text=True, capture_output=True, timeout=300)
+        sys.stderr.write(built.stderr)
+        if built.returncode != 0:
+            print("FAILED: the examples do not link into a program (see above)", file=sys.stderr)
+            print(f"0 passed, {len(plan) + len(problems)} failed, 0 skipped")
+            return 1
+        passed, failed = 0, len(problems)
+        env = dict(os.environ, COMMS_BACKEND="cpu:gloo", COMMS_OP_TIMEOUT="60s", COMMS_INIT_TIMEOUT="60s")
+        for i, where, ranks in plan:
+            run = subprocess.run([os.path.abspath(commsrun), "-n", str(ranks), "--timeout", "150", "--", exe, str(i)],
+                                 cwd=workdir, env=env, text=True, capture_output=True, timeout=180)
+            if run.returncode == 0:
+                passed += 1
+                print(f"PASSED {where} at {ranks} ranks")
+            else:
+                failed += 1
+                print(f"FAILED {where} at {ranks} ranks (exit {run.returncode}):\n{run.stdout}{run.stderr}",
+                      file=sys.stderr)
+        skipped = index - len(plan) - len(problems)
+        print(f"{passed} passed, {failed} failed, {skipped} skipped")
+        return 0 if failed == 0 else 1
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main(argv):
     if "--" not in argv or argv.index("--") < 3:
         sys.exit(__doc__)
     sep = argv.index("--")
     include_dir, compiler = argv[1], argv[sep + 1:]
+    args = argv[2:sep]
+    run_with = None
+    if "--run" in args:
+        at = args.index("--run")
+        if len(args) < at + 3:
+            sys.exit(__doc__)
+        run_with = args[at + 1], args[at + 2]
+        args = args[:at] + args[at + 3:]
     files = []
-    for arg in argv[2:sep]:
+    for arg in args:
         if os.path.isdir(arg):
             files += sorted(os.path.join(arg, f) for f in os.listdir(arg) if f.endswith(".md"))
         else:
@@ -94,6 +233,8 @@ def main(argv):
         print(f"FAILED: a C++ example of {', '.join(files)} does not compile (see above)", file=sys.stderr)
         return 1
     print(f"{count} C++ examples of {', '.join(files)} compile")
+    if run_with:
+        return run_examples(files, include_dir, compiler, *run_with)
     return 0
 
 

@@ -27,10 +27,28 @@ std::chrono::milliseconds timeout_from(std::optional<std::chrono::milliseconds> 
   return fallback;
 }
 
+std::shared_ptr<Comm> create_comm(const std::string& backend, std::optional<Device> device,
+                                  const std::string& name, const CommOptions& options, int* rank);
+
 }  // namespace
 
 std::shared_ptr<Comm> new_comm(const std::string& backend, std::optional<Device> device,
                                const std::string& name, const CommOptions& options) {
+  int rank = options.rank.value_or(-1);
+  try {
+    return create_comm(backend, device, name, options, &rank);
+  } catch (const Error& e) {
+    if (!e.comm().empty()) throw;
+    // Errors of the checks above the comm (bootstrap, hints, timeouts) get
+    // the comm's name, the op and the rank, as every comms::Error has.
+    throw Error(e.code(), e.what(), name, "new_comm", 0, rank, e.peer());
+  }
+}
+
+namespace {
+
+std::shared_ptr<Comm> create_comm(const std::string& backend, std::optional<Device> device,
+                                  const std::string& name, const CommOptions& options, int* rank) {
   if (name.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "new_comm: a comm needs a name (it keys its rendezvous)");
   }
@@ -44,6 +62,7 @@ std::shared_ptr<Comm> new_comm(const std::string& backend, std::optional<Device>
   c.name = name;
   c.rank = options.rank.value_or(boot.rank);
   c.size = options.world_size.value_or(boot.world_size);
+  *rank = c.rank;
   if (c.size < 1 || c.rank < 0 || c.rank >= c.size) {
     throw Error(ErrorCode::kInvalidArgument,
                 str::cat("new_comm '", name, "': rank ", c.rank, " is not in [0, ", c.size, ")"));
@@ -98,5 +117,7 @@ std::shared_ptr<Comm> new_comm(const std::string& backend, std::optional<Device>
   }
   return std::make_shared<Comm>(impl);
 }
+
+}  // namespace
 
 }  // namespace comms

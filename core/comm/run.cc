@@ -154,7 +154,11 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   }
   std::array<Hints, kNumDeviceTypes> op_hints;
   if (!opts.hints.empty()) {
-    op_hints = internal::route_hints(opts.hints, config_.spec, config_.name);
+    try {
+      op_hints = internal::route_hints(opts.hints, config_.spec, config_.name);
+    } catch (const Error& e) {  // with the op's comm, name, seq and rank
+      throw make_error(args.type, seq, {e.code(), e.what()});
+    }
     d.hints = &op_hints[static_cast<size_t>(t)];
   }
 

@@ -16,8 +16,11 @@
 namespace comms::dist {
 namespace {
 
+// Every failure here is about creating a group: the error names the group as
+// its comm, "new_group" as its op (no sequence number) and the world rank.
 [[noreturn]] void fail(ErrorCode code, const std::string& group, const std::string& why) {
-  throw Error(code, str::cat("comms::dist group '", group, "': ", why));
+  const int rank = is_initialized() ? world().rank() : -1;
+  throw Error(code, str::cat("comms::dist group '", group, "': ", why), group, "new_group", 0, rank);
 }
 
 // A typed option as its hint. The same setting also given as a raw hint in
@@ -242,6 +245,17 @@ void check_split_rules(const GroupState& parent, const std::string& name) {
   }
 }
 
+// The group's hints checked against its backends on every rank, members or
+// not: otherwise a hint the group cannot take (an nccl key on a cpu:gloo
+// group) throws on the members only, and the others carry on with null.
+void check_hints_on_every_rank(const GroupSpec& spec) {
+  try {
+    (void)internal::route_hints(spec.hints, BackendSpec::parse(spec.backend), spec.name);
+  } catch (const Error& e) {
+    fail(e.code(), spec.name, e.what());
+  }
+}
+
 std::shared_ptr<GroupState> register_group(GroupSpec spec, std::shared_ptr<Comm> comm) {
   auto& reg = registry();
   auto state = std::make_shared<GroupState>();
@@ -311,6 +325,7 @@ Group new_group(std::span<const int> ranks, const GroupOptions& options) {
     std::lock_guard<std::mutex> lock(reg.mu);
     spec.creation_index = reg.next_index++;
   }
+  check_hints_on_every_rank(spec);
   auto comm = create_comm(spec, parent, member_rank);
   auto state = register_group(std::move(spec), std::move(comm));
   return member_rank >= 0 ? Group(state) : Group();
@@ -375,6 +390,7 @@ Group split_group(const Group& parent_group, std::span<const std::vector<int>> r
   }
   int member_rank = -1;
   if (mine) member_rank = static_cast<int>(std::find(mine->begin(), mine->end(), parent.spec.ranks[parent.comm->rank()]) - mine->begin());
+  check_hints_on_every_rank(spec);
   auto comm = create_comm(spec, parent, member_rank);
   auto state = register_group(std::move(spec), std::move(comm));
   return member_rank >= 0 ? Group(state) : Group();

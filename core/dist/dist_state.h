@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "comms/dist.h"
@@ -37,5 +38,16 @@ struct Registry {
 
 Registry& registry();
 void destroy_state(GroupState& s);
+
+// Megatron's communicator-config keys for our groups (parallel_state.py's
+// get_nccl_options names): ep_tp -> expt_tp, tp_ep_mp -> tp_ep (Megatron's
+// tp-ep group, EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP), ep_dp -> expt_dp;
+// any other name is returned as is.
+std::string canonical_group_name(const std::string& name);
+bool is_megatron_alias(const std::string& name);
+// Megatron keys of groups this library does not create (hierarchical
+// context parallel, partial distributed-optimizer instances): a Megatron
+// file with them loads, and their options are ignored with a warning.
+bool is_megatron_only_group(const std::string& name);
 
 }  // namespace comms::dist

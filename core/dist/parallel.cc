@@ -6,6 +6,7 @@
 #include <set>
 
 #include "dist_state.h"
+#include "log.h"
 #include "strutil.h"
 
 namespace comms::dist {
@@ -155,15 +156,22 @@ const std::vector<std::string>& group_names() {
   return names;
 }
 
-namespace {
-
-// Megatron's option keys for the expert groups, accepted as aliases.
 std::string canonical_group_name(const std::string& name) {
   if (name == "ep_tp") return "expt_tp";
-  if (name == "tp_ep_mp") return "tp_ep_pp";
+  if (name == "tp_ep_mp") return "tp_ep";
   if (name == "ep_dp") return "expt_dp";
   return name;
 }
+
+bool is_megatron_alias(const std::string& name) { return canonical_group_name(name) != name; }
+
+bool is_megatron_only_group(const std::string& name) {
+  static const std::set<std::string> kNames = {"intra_dp_cp", "hcp", "intra_ep_dp", "inter_ep_dp",
+                                               "intra_dist_opt_instance"};
+  return kNames.count(name) > 0;
+}
+
+namespace {
 
 void check_group_name(const std::string& name, std::string_view what) {
   const auto& names = group_names();
@@ -216,6 +224,11 @@ std::map<std::string, BackendOptions> options_by_group(const ParallelConfig& c) 
   std::map<std::string, BackendOptions> options;
   for (const auto& [raw, o] : c.group_options) {
     const std::string name = canonical_group_name(raw);
+    if (is_megatron_only_group(name)) {
+      log::warning(str::cat("comms::dist model parallel: group_options for Megatron's '", name,
+                            "' are ignored: comms does not create that group"));
+      continue;
+    }
     check_group_name(name, "group_options");
     if (options.count(name)) invalid(str::cat("group_options gives '", name, "' twice (directly and by alias)"));
     options[name] = o;

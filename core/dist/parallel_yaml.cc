@@ -11,6 +11,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "comms/parallel.h"
+#include "dist_state.h"
 #include "strutil.h"
 
 namespace comms::dist {
@@ -105,16 +106,17 @@ std::map<std::string, BackendOptions> parse_communicator_config(std::string_view
   std::set<std::string> seen, canonical_seen;
   for (const auto& kv : root) {
     const std::string group = key_of(kv.first, "", seen);
-    const bool alias = group == "ep_tp" || group == "tp_ep_mp" || group == "ep_dp";
-    const std::string canonical = group == "ep_tp" ? "expt_tp" : group == "tp_ep_mp" ? "tp_ep_pp"
-                                  : group == "ep_dp" ? "expt_dp" : group;
+    const bool alias = is_megatron_alias(group) || is_megatron_only_group(group);
+    const std::string canonical = canonical_group_name(group);
     if (!canonical_seen.insert(canonical).second) {
       invalid(str::cat(" '", group, "'", at(kv.first)),
               str::cat("group '", canonical, "' is given twice (by its name and by Megatron's alias)"));
     }
     if (!alias && std::find(names.begin(), names.end(), group) == names.end()) {
       invalid(str::cat(" '", group, "'", at(kv.first)),
-              str::cat("unknown group; groups are ", str::join(names, ", "), " (and Megatron's ep_tp, tp_ep_mp, ep_dp)"));
+              str::cat("unknown group; groups are ", str::join(names, ", "),
+                       " (and Megatron's ep_tp, tp_ep_mp, ep_dp, and its intra_dp_cp, hcp, intra_ep_dp, "
+                       "inter_ep_dp, intra_dist_opt_instance, whose options are ignored)"));
     }
     out[group] = parse_group(kv.second, group);
   }

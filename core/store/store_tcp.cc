@@ -5,15 +5,20 @@
 // response frame; there is never more than one request in flight on a
 // connection. get and wait block on the server, which answers "timeout" at
 // the deadline the client sent, so the connection stays in step. A client
-// is one connection: while one thread blocks in get/wait on it, the client's
-// other callers queue behind it (as with c10d's TCPStore), so a thread that
-// must set keys while another waits should use its own client.
+// is safe from several threads, as store.h promises: a caller that finds the
+// client's connection busy (say, another thread blocked in get) takes a
+// spare connection to the same server, opened on first need and kept for
+// reuse, so no caller queues behind another's blocking get. (c10d's
+// TCPStore serializes them instead, which deadlocks two comms whose
+// rendezvous wait on each other from two threads.)
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "asio.hpp"
 #include "comms/error.h"
@@ -59,7 +64,7 @@ class TcpStore final : public Store {
 
   TcpStore(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout, std::string token)
       : host_(std::move(host)), port_(port), address_(host_port(host_, port)), token_(std::move(token)),
-        socket_(io_) {
+        connect_timeout_(connect_timeout), socket_(io_) {
     connect(connect_timeout);
   }
 
@@ -301,7 +306,32 @@ class TcpStore final : public Store {
   // breaks, kTimeout when the deadline passes (after which the connection is
   // out of step and unusable), kInvalidArgument when the server rejects it.
   wire::Response call(const wire::Request& request, Clock::time_point deadline, const std::string& what) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return call_on_spare(request, deadline, what);
+    return exchange(request, deadline, what);
+  }
+
+  // The connection is busy with another thread's request: run this one on an
+  // idle spare connection (a new one if none is idle), and keep the spare for
+  // the next caller unless it broke.
+  wire::Response call_on_spare(const wire::Request& request, Clock::time_point deadline, const std::string& what) {
+    std::unique_ptr<TcpStore> spare;
+    {
+      std::lock_guard<std::mutex> lock(spares_mu_);
+      if (!spares_.empty()) {
+        spare = std::move(spares_.back());
+        spares_.pop_back();
+      }
+    }
+    if (!spare) spare = std::make_unique<TcpStore>(host_, port_, connect_timeout_, token_);
+    auto response = spare->call(request, deadline, what);  // throws: the spare is dropped
+    std::lock_guard<std::mutex> lock(spares_mu_);
+    spares_.push_back(std::move(spare));
+    return response;
+  }
+
+  // One exchange on this connection; the caller holds mu_.
+  wire::Response exchange(const wire::Request& request, Clock::time_point deadline, const std::string& what) {
     if (!broken_.empty()) {
       throw Error(ErrorCode::kPeerFailure, str::cat(what, ": the connection to the TCP store at ", address_,
                                                         " is unusable: ", broken_));
@@ -354,7 +384,10 @@ class TcpStore final : public Store {
   std::string address_;
   std::string token_;
   std::string local_address_;
-  std::mutex mu_;  // one request/response at a time
+  std::chrono::milliseconds connect_timeout_;
+  std::mutex mu_;  // one request/response at a time on this connection
+  std::mutex spares_mu_;
+  std::vector<std::unique_ptr<TcpStore>> spares_;  // idle extra connections
   asio::io_context io_;
   tcp::socket socket_;
   std::string broken_;  // why the connection is unusable; empty while it is fine

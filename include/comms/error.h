@@ -51,9 +51,16 @@ struct Status {
   bool is_ok() const { return code == ErrorCode::kOk; }
 };
 
-// Thrown by every public call. what() reads like
-//   "comms[world rank 2/4] all_reduce #17: timeout: no data from rank 3 in 30000 ms"
-// and the parts are available separately for programs that branch on them.
+// Thrown by every public call. An op's error reads
+//   "comms[world rank 0/2] all_reduce #3: timeout: <the backend's text> (peer rank 1)"
+// (a Gloo read timeout: "... timeout: [...pair.cc:574] Read timeout [127.0.0.1]:9394
+// (peer rank 1)"), and the parts are available separately for programs that
+// branch on them: comm() "world", op() "all_reduce", seq() 3, rank() 0,
+// peer() 1. Errors of new_comm's checks before any backend exists (bad
+// hints, timeouts, bootstrap) have op() "new_comm"; errors of comms::dist
+// group creation have op() "new_group" and comm() the group's name; both
+// have seq() 0, and rank() is this process's rank in the comm (new_comm) or
+// in the world (groups).
 class COMMS_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message)

@@ -22,6 +22,14 @@ struct PluginInfo {
   std::vector<DeviceType> devices;  // device types it supports
   std::vector<std::string> hint_keys;
   std::string error;                // non-empty: not loadable, and why
+  // What the backend claims to implement (PluginDescriptor::capabilities):
+  // op names as plugin::op_name gives them ("all_reduce", "send", ...), data
+  // types and reductions. A plugin that declares nothing claims everything
+  // (declares_capabilities false, every list full).
+  bool declares_capabilities = false;
+  std::vector<std::string> ops;
+  std::vector<DataType> dtypes;
+  std::vector<ReduceKind> reductions;
 };
 
 // Every plugin in the search path, each loaded; failures are reported in
@@ -36,6 +44,10 @@ COMMS_API std::vector<std::string> plugin_search_path();
 // it wins over the search path afterwards. Throws Error(kInvalidArgument)
 // for a file that is not a comms plugin or has another ABI version.
 COMMS_API PluginInfo load_plugin(const std::string& path);
+
+// The named backend's plugin, loaded from the search path (Error(kNotFound)
+// if there is none).
+COMMS_API PluginInfo plugin_info(const std::string& backend);
 
 // Devices of `type` the named backend reports usable now: 0 if none or the
 // type is not supported, -1 if the plugin does not count devices. Loads the

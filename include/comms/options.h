@@ -56,7 +56,9 @@ struct OpOptions {
   bool async = false;
   // Overrides the comm's op timeout for this op.
   std::optional<std::chrono::milliseconds> timeout;
-  // Per-op backend hints (e.g. "gloo.algorithm=ring").
+  // Per-op backend hints, routed and checked like the comm's hints (each
+  // backend's keys: comms-info). The Gloo backend takes none and refuses any
+  // (kInvalidArgument); a plugin may accept some.
   Hints hints;
   // The caller's cudaStream_t for CUDA buffers; null is the default stream.
   void* stream = nullptr;

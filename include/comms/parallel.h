@@ -80,7 +80,10 @@ struct ParallelConfig {
   bool create_gloo_groups = false;        // dp_gloo, dp_cp_gloo, expt_dp_gloo
   bool create_all_gather_groups = false;  // dp_cp_ag, expt_dp_ag
   // Per-group options keyed by group name (see group_names()); Megatron's
-  // names ep_tp, tp_ep_mp, ep_dp are accepted for expt_tp, tp_ep_pp, expt_dp.
+  // names ep_tp, tp_ep_mp, ep_dp are accepted for expt_tp, tp_ep, expt_dp
+  // (tp_ep_mp configures Megatron's tp-ep group, not tp_ep_pp), and the
+  // Megatron groups comms does not create (intra_dp_cp, hcp, intra_ep_dp,
+  // inter_ep_dp, intra_dist_opt_instance) are ignored with a warning.
   // dp_cp_ag and expt_dp_ag take dp_cp's and expt_dp's unless given their own.
   std::map<std::string, BackendOptions> group_options;
   // Groups whose NCCL communicators get a high-priority stream (adds

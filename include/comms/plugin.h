@@ -53,6 +53,9 @@
 //   static comms::Status create(const comms::plugin::BackendInit&,
 //                               std::unique_ptr<comms::plugin::Backend>*);
 //   static const char* const kHintKeys[] = {nullptr};
+//   static const comms::plugin::Capabilities kClaims = {   // optional
+//       .ops = comms::plugin::op_bit(comms::plugin::OpType::kAllReduce) |
+//              comms::plugin::op_bit(comms::plugin::OpType::kBarrier)};
 //   extern "C" COMMS_PLUGIN_EXPORT const comms::plugin::PluginDescriptor* comms_plugin_entry() {
 //     static const comms::plugin::PluginDescriptor d = {
 //         .name = "mybackend",
@@ -60,6 +63,7 @@
 //         .device_types = comms::plugin::device_bit(comms::DeviceType::kCpu),
 //         .hint_keys = kHintKeys,
 //         .create = create,
+//         .capabilities = &kClaims,
 //     };  // abi_version and struct_size default to this header's
 //     return &d;
 //   }
@@ -79,8 +83,9 @@
 #include "comms/types.h"
 
 // 2.0: the first growable ABI (1 had no struct_size and no minor).
+// 2.1: PluginDescriptor::capabilities.
 #define COMMS_PLUGIN_ABI_MAJOR 2u
-#define COMMS_PLUGIN_ABI_MINOR 0u
+#define COMMS_PLUGIN_ABI_MINOR 1u
 #define COMMS_PLUGIN_ABI_VERSION ((COMMS_PLUGIN_ABI_MAJOR << 16) | COMMS_PLUGIN_ABI_MINOR)
 #define COMMS_PLUGIN_ENTRY_SYMBOL "comms_plugin_entry"
 // Put on comms_plugin_entry: plugins are built with hidden visibility.
@@ -237,6 +242,25 @@ class Backend {
   virtual int64_t device_memory_used() const { return -1; }
 };
 
+constexpr uint32_t op_bit(OpType t) { return 1u << static_cast<unsigned>(t); }
+constexpr uint32_t dtype_bit(DataType t) { return 1u << static_cast<unsigned>(t); }
+constexpr uint32_t reduce_bit(ReduceKind k) { return 1u << static_cast<unsigned>(k); }
+inline constexpr uint32_t kAllOps = (1u << kNumOpTypes) - 1;
+inline constexpr uint32_t kAllDataTypes = (1u << kNumDataTypes) - 1;
+inline constexpr uint32_t kAllReductions = (1u << kNumReduceKinds) - 1;
+
+// What a backend claims to implement (PluginDescriptor::capabilities). The
+// conformance suite reports a case needing an op, data type or reduction
+// outside these as skipped, naming what is not claimed, instead of failing
+// it; comms-info lists the claims. libcomms does not filter ops by them: an
+// unclaimed op still reaches submit(), which should return kUnsupported.
+// Send and recv are claimed separately; a suite case of both needs both.
+struct Capabilities {
+  uint32_t ops = kAllOps;                // op_bit(OpType) of each op
+  uint32_t dtypes = kAllDataTypes;       // dtype_bit(DataType) of each data type
+  uint32_t reductions = kAllReductions;  // reduce_bit(ReduceKind) of each reduction
+};
+
 // Plain C data, read by libcomms through the prefix the plugin's struct_size
 // covers. New entries are only ever appended (with a minor bump).
 struct PluginDescriptor {
@@ -260,6 +284,10 @@ struct PluginDescriptor {
   // object, without creating a backend or touching a device. Rejects
   // invalid hints with the reason.
   Status (*explain_hints)(const Hints& hints, std::string* json) = nullptr;
+
+  // Optional (ABI 2.1): what the backend claims to implement; absent (null,
+  // or a plugin of ABI 2.0) claims everything.
+  const Capabilities* capabilities = nullptr;
 
   // Append new entries here.
 };

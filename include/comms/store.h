@@ -4,7 +4,9 @@
 //
 // Values are byte strings. Every blocking call takes a timeout and throws
 // comms::Error(kTimeout) when it passes; a lost server gives kPeerFailure.
-// All stores are safe to use from several threads.
+// All stores are safe to use from several threads, and a get or wait blocked
+// on one thread does not hold up another thread's calls on the same store
+// (the TCP client opens a spare connection for them).
 #pragma once
 
 #include "comms/export.h"

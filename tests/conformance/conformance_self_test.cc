@@ -42,4 +42,29 @@ TEST(Conformance, AFilterThatMatchesNothingRunsNothing) {
   EXPECT_NE(p.output.find("0 passed, 0 failed, 0 skipped"), std::string::npos) << p.output;
 }
 
+// Several --filter globs (repeated and comma-separated) select the union,
+// --exclude removes from it, --require fails a run where a required case is
+// missing.
+TEST(Conformance, SeveralFiltersExcludesAndRequire) {
+  auto p = run({COMMSRUN, "-n", "1", "--", CONFORMANCE, "--plugin", SELF_PLUGIN, "--filter",
+                "world/barrier/*,world/all_reduce/float32/sum/*", "--filter", "world/broadcast/float32/*",
+                "--exclude", "*/in-place"},
+               {}, 120s);
+  EXPECT_EQ(p.exit_code(), 0) << p.output;
+  EXPECT_NE(p.output.find("PASS world/barrier/none"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("PASS world/all_reduce/float32/sum/out-of-place"), std::string::npos) << p.output;
+  EXPECT_EQ(p.output.find("world/all_reduce/float32/sum/in-place"), std::string::npos) << p.output;
+  EXPECT_EQ(p.output.find("world/broadcast/float32/in-place"), std::string::npos) << p.output;
+  EXPECT_EQ(p.output.find("world/all_reduce/float64"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("2 passed, 0 failed, 0 skipped"), std::string::npos) << p.output;
+
+  auto missing = run({COMMSRUN, "-n", "1", "--", CONFORMANCE, "--plugin", SELF_PLUGIN, "--filter",
+                      "world/barrier/*", "--require", "world/barrier/*,world/gather/*"},
+                     {}, 120s);
+  EXPECT_NE(missing.exit_code(), 0) << missing.output;
+  EXPECT_NE(missing.output.find("FAIL --require 'world/gather/*': no case of this run matches it"), std::string::npos)
+      << missing.output;
+  EXPECT_NE(missing.output.find("1 passed, 1 failed, 0 skipped"), std::string::npos) << missing.output;
+}
+
 }  // namespace

@@ -1,10 +1,13 @@
 #include "harness.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 
 #include "comms/numeric.h"
+#include "comms/plugin.h"
 
 namespace comms::conformance {
 
@@ -125,6 +128,70 @@ void Capabilities::probe(Comm& world, DeviceMemory& memory) {
       supported_[int(t)][int(op.kind)] = ok;
     }
   }
+}
+
+void Capabilities::from_claims(const Claims& claims) {
+  for (DataType t : all_data_types()) {
+    for (const ReduceOp& op : reductions_for(t)) {
+      supported_[int(t)][int(op.kind)] = claims.claims(t) && claims.claims(op.kind);
+    }
+  }
+}
+
+bool matches_any(const std::vector<std::string>& globs, const std::string& name) {
+  for (const auto& g : globs) {
+    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+bool selected(const SuiteOptions& options, const std::string& case_name) {
+  return (options.filters.empty() || matches_any(options.filters, case_name)) &&
+         !matches_any(options.excludes, case_name);
+}
+
+Claims Claims::of(const PluginInfo& info) {
+  return {info.name, info.declares_capabilities, info.ops, info.dtypes, info.reductions};
+}
+
+bool Claims::claims_op(const std::string& op) const {
+  return std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+bool Claims::claims(DataType t) const { return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end(); }
+bool Claims::claims(ReduceKind k) const {
+  return std::find(reductions.begin(), reductions.end(), k) != reductions.end();
+}
+
+std::string Claims::not_claimed(const std::string& what) const {
+  return "backend '" + plugin + "' does not claim " + what + " (PluginDescriptor::capabilities)";
+}
+
+std::string Claims::unclaimed(const std::string& case_name) const {
+  if (!declared) return "";
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    const size_t slash = case_name.find('/', at);
+    parts.push_back(case_name.substr(at, slash == std::string::npos ? std::string::npos : slash - at));
+    if (slash == std::string::npos) break;
+    at = slash + 1;
+  }
+  if (parts.size() < 2) return "";
+  const std::string& op = parts[1];
+  if (op == "send_recv") {
+    for (const char* o : {"send", "recv"}) {
+      if (!claims_op(o)) return not_claimed(o);
+    }
+  } else {
+    bool is_op = false;
+    for (int t = 0; t < plugin::kNumOpTypes; ++t) is_op |= plugin::op_name(static_cast<plugin::OpType>(t)) == op;
+    if (is_op && !claims_op(op)) return not_claimed(op);
+  }
+  if (parts.size() >= 3) {
+    for (DataType t : all_data_types()) {
+      if (parts[2] == to_string(t) && !claims(t)) return not_claimed(std::string("data type ") + parts[2]);
+    }
+  }
+  return "";
 }
 
 std::string Capabilities::unsupported_reason(DataType t, const ReduceOp& op) const {

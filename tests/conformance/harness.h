@@ -22,7 +22,13 @@ struct SuiteOptions {
   std::string backend;
   Device device = Device::cpu();
   std::string plugin;
-  std::string filter = "*";
+  // Cases run when their name matches a --filter glob (any; none given: all)
+  // and no --exclude glob. A case matching a --require glob must pass: a
+  // skip (say, an op the backend does not claim) fails it, and so does a
+  // --require glob that matches no case.
+  std::vector<std::string> filters;
+  std::vector<std::string> excludes;
+  std::vector<std::string> required;
   bool quick = false;
   std::string json_path;
   std::chrono::milliseconds op_timeout{60000};
@@ -149,10 +155,35 @@ struct Case {
   std::function<void(CaseContext&)> body;
 };
 
-// Whether the backend reduces (dtype, kind); probed once over the world.
+bool matches_any(const std::vector<std::string>& globs, const std::string& name);
+// --filter and --exclude.
+bool selected(const SuiteOptions& options, const std::string& case_name);
+
+// What the plugin under test claims (PluginDescriptor::capabilities); a
+// plugin that declares nothing claims everything.
+struct Claims {
+  std::string plugin;
+  bool declared = false;
+  std::vector<std::string> ops;
+  std::vector<DataType> dtypes;
+  std::vector<ReduceKind> reductions;
+
+  static Claims of(const PluginInfo& info);
+  bool claims_op(const std::string& op) const;
+  bool claims(DataType t) const;
+  bool claims(ReduceKind k) const;
+  // Why an op case ("<shape>/<op>/<dtype>/...") cannot run: its op (send_recv
+  // needs send and recv) or its data type is not claimed. "" if it can.
+  std::string unclaimed(const std::string& case_name) const;
+  std::string not_claimed(const std::string& what) const;
+};
+
+// Whether the backend reduces (dtype, kind): from its claims when it
+// declares them, else probed once over the world (an all_reduce of each pair).
 class Capabilities {
  public:
   void probe(Comm& world, DeviceMemory& memory);
+  void from_claims(const Claims& claims);
   bool supports(DataType t, ReduceKind k) const { return supported_[int(t)][int(k)]; }
   std::string unsupported_reason(DataType t, const ReduceOp& op) const;
 

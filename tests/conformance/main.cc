@@ -12,6 +12,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -127,7 +128,9 @@ struct Result {
 };
 
 constexpr uint64_t kRanBit = uint64_t(1) << 63;
-constexpr int kMaxRankBits = 63;
+// The case ended in kUnsupported from an op the backend does not claim.
+constexpr uint64_t kUnclaimedBit = uint64_t(1) << 62;
+constexpr int kMaxRankBits = 62;
 
 std::string rank_list(uint64_t mask) {
   std::string s;
@@ -139,13 +142,19 @@ std::string rank_list(uint64_t mask) {
 
 class Suite {
  public:
-  Suite(SuiteOptions options, std::shared_ptr<Comm> world, DeviceMemory& memory, int rank, int size)
-      : options_(std::move(options)), world_(std::move(world)), memory_(memory), rank_(rank), size_(size) {}
+  Suite(SuiteOptions options, Claims claims, std::shared_ptr<Comm> world, DeviceMemory& memory, int rank, int size)
+      : options_(std::move(options)),
+        claims_(std::move(claims)),
+        world_(std::move(world)),
+        memory_(memory),
+        rank_(rank),
+        size_(size) {}
 
   // Runs cases whose comm is `comm` on this rank (null: not a member).
   void run(std::vector<Case>& cases, Comm* comm) {
     for (auto& c : cases) {
-      if (fnmatch(options_.filter.c_str(), c.name.c_str(), 0) != 0) continue;
+      if (!selected(options_, c.name)) continue;
+      if (c.skip_reason.empty()) c.skip_reason = claims_.unclaimed(c.name);
       run_one(c, comm);
       if (pending_.size() >= 64) flush();
     }
@@ -153,19 +162,26 @@ class Suite {
   }
 
   void add_skipped(const std::string& name, const std::string& group, const std::string& reason) {
-    if (fnmatch(options_.filter.c_str(), name.c_str(), 0) != 0) return;
+    if (!selected(options_, name)) return;
     pending_.push_back({{name, group, "skipped", reason}, 0, "", 0});
     flush();
   }
 
   bool any_case_matches(const std::vector<Case>& cases) const {
     for (auto& c : cases) {
-      if (fnmatch(options_.filter.c_str(), c.name.c_str(), 0) == 0) return true;
+      if (selected(options_, c.name)) return true;
     }
     return false;
   }
 
   int finish() {
+    // A --require glob that no case matched: what the plugin must pass is not there.
+    for (const auto& glob : options_.required) {
+      if (required_seen_.count(glob) == 0) {
+        ++failed_;
+        if (rank_ == 0) std::printf("FAIL --require '%s': no case of this run matches it\n", glob.c_str());
+      }
+    }
     if (rank_ == 0) print_summary();
     return failed_ > 0 ? 1 : 0;
   }
@@ -191,6 +207,15 @@ class Suite {
       watchdog_.arm(targets, options_.case_timeout);
       try {
         c.body(cx);
+      } catch (const Error& e) {
+        // An op the backend does not claim may answer kUnsupported: a skip.
+        if (claims_.declared && e.code() == ErrorCode::kUnsupported && !e.op().empty() &&
+            !claims_.claims_op(e.op())) {
+          p.flags |= kUnclaimedBit;
+          p.result.reason = claims_.not_claimed(e.op());
+        } else {
+          check.fail(std::string("case threw: ") + e.what());
+        }
       } catch (const std::exception& e) {
         check.fail(std::string("case threw: ") + e.what());
       }
@@ -198,7 +223,7 @@ class Suite {
         check.fail("case exceeded its time limit of " + std::to_string(options_.case_timeout.count() / 1000) +
                    " s; its comms were aborted");
       }
-      p.flags = kRanBit;
+      p.flags |= kRanBit;
       if (check.failed()) {
         p.flags |= uint64_t(1) << std::min(rank_, kMaxRankBits - 1);
         p.local_failure = check.first_failure();
@@ -219,11 +244,11 @@ class Suite {
     // Without a world comm (the --device cuda skip path) nothing ran anywhere.
     if (size_ > 1 && world_) {
       try {
-        flags = or_over_world(flags);
+        flags = or_over_store(flags);
       } catch (const Error& e) {
-        // Without the world no result can be combined: report what this rank
+        // Without the store no result can be combined: report what this rank
         // saw and stop, failing.
-        std::printf("FAIL the world comm failed while combining results: %s\n", e.what());
+        std::printf("FAIL combining the ranks' results over the store failed: %s\n", e.what());
         for (auto& p : pending_) p.flags |= uint64_t(1) << std::min(rank_, kMaxRankBits - 1);
         record(flags);
         pending_.clear();
@@ -236,27 +261,56 @@ class Suite {
     pending_.clear();
   }
 
-  // Every rank's flags OR-ed together: an all_gather on the suite's memory
-  // (NCCL has no bitwise reduction), then the OR on the host. Blocking, so
-  // that a failure of the world reaches this rank as an error.
-  std::vector<uint64_t> or_over_world(const std::vector<uint64_t>& mine) {
-    const size_t n = mine.size();
-    Buf in(memory_, DataType::kUint64, n), all(memory_, DataType::kUint64, n * size_);
-    std::memcpy(in.mutable_host_bytes(), mine.data(), n * sizeof(uint64_t));
-    world_->all_gather(in.view(), all.view(), op_options(memory_, true)).blocking_wait();
-    std::vector<uint64_t> gathered(n * size_);
-    std::memcpy(gathered.data(), all.host_bytes(), gathered.size() * sizeof(uint64_t));
-    std::vector<uint64_t> combined(n, 0);
-    for (size_t j = 0; j < gathered.size(); ++j) combined[j % n] |= gathered[j];
+  // Every rank's flags OR-ed together, exchanged over the world's store, not
+  // over the backend under test: a backend without all_gather (or with a
+  // broken one) still gets its results counted. Each rank writes its flags
+  // under the round's key and reads every rank's.
+  std::vector<uint64_t> or_over_store(const std::vector<uint64_t>& mine) {
+    Store& store = *world_->store();
+    const size_t bytes = mine.size() * sizeof(uint64_t);
+    auto key = [](uint64_t round, int rank) {
+      return "comms-conformance/results/" + std::to_string(round) + "/" + std::to_string(rank);
+    };
+    store.set(key(round_, rank_), std::string(reinterpret_cast<const char*>(mine.data()), bytes));
+    std::vector<uint64_t> combined(mine.size(), 0);
+    for (int r = 0; r < size_; ++r) {
+      const std::string theirs = store.get(key(round_, r), options_.case_timeout);
+      if (theirs.size() != bytes) {
+        throw Error(ErrorCode::kInternal, "rank " + std::to_string(r) + " reported " +
+                                              std::to_string(theirs.size() / sizeof(uint64_t)) + " results, this rank " +
+                                              std::to_string(mine.size()) + ": the ranks ran different cases");
+      }
+      for (size_t j = 0; j < mine.size(); ++j) {
+        uint64_t f;
+        std::memcpy(&f, theirs.data() + j * sizeof(uint64_t), sizeof f);
+        combined[j] |= f;
+      }
+    }
+    // Every rank has read round - 2 (it wrote round - 1 after reading it).
+    if (round_ >= 2) store.delete_key(key(round_ - 2, rank_));
+    ++round_;
     return combined;
   }
 
   void record(const std::vector<uint64_t>& flags) {
     for (size_t i = 0; i < pending_.size(); ++i) {
       Result r = pending_[i].result;
-      const uint64_t f = flags[i];
-      const uint64_t failed_ranks = f & ~kRanBit;
-      if (failed_ranks) {
+      uint64_t f = flags[i];
+      const uint64_t failed_ranks = f & ~(kRanBit | kUnclaimedBit);
+      const bool required = matches_any(options_.required, r.name);
+      for (const auto& glob : options_.required) {
+        if (fnmatch(glob.c_str(), r.name.c_str(), 0) == 0) required_seen_.insert(glob);
+      }
+      if ((f & kUnclaimedBit) && !failed_ranks) {
+        f &= ~kRanBit;  // reported as skipped below
+        if (r.reason.empty()) r.reason = "an op the backend does not claim answered unsupported";
+      }
+      if (!failed_ranks && required && !(f & kRanBit && r.reason.empty())) {
+        r.status = "failed";
+        r.reason = "required (--require) but not run: " +
+                   (r.reason.empty() ? std::string("no rank is a member of a group this case can run on") : r.reason);
+        ++failed_;
+      } else if (failed_ranks) {
         r.status = "failed";
         r.reason = "failed on rank(s) " + rank_list(failed_ranks);
         if (!pending_[i].local_failure.empty()) r.reason += ": " + pending_[i].local_failure;
@@ -307,6 +361,9 @@ class Suite {
   }
 
   SuiteOptions options_;
+  Claims claims_;
+  std::set<std::string> required_seen_;
+  uint64_t round_ = 0;
   std::shared_ptr<Comm> world_;
   DeviceMemory& memory_;
   int rank_, size_;
@@ -316,6 +373,12 @@ class Suite {
   std::map<std::string, std::array<int, 3>> table_;
   int passed_ = 0, failed_ = 0, skipped_ = 0;
 };
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : " ") + i;
+  return out;
+}
 
 // Why --device cuda cannot run here, or "" if it could.
 std::string cuda_unavailable(const std::string& backend) {
@@ -378,24 +441,42 @@ int run_suite(SuiteOptions options) {
     }
   }
   if (options.device.type == DeviceType::kCuda) device = memory->device();
+  bool bind = true;
   std::shared_ptr<Comm> world;
   Capabilities caps;
+  Claims claims;
   if (cuda_skip.empty()) {
+    const BackendSpec spec = BackendSpec::parse(options.backend);
+    if (spec.has(device.type)) claims = Claims::of(plugin_info(spec.backend_for(device.type)));
+    // Binding a comm to a device proves it with a barrier: a backend that
+    // does not claim barrier connects at its first op instead.
+    if (claims.declared && !claims.claims_op("barrier")) {
+      if (device.type != DeviceType::kCpu) {
+        throw Error(ErrorCode::kInvalidArgument, "backend '" + claims.plugin +
+                                                     "' does not claim barrier, which binding a " +
+                                                     device.to_string() + " comm needs");
+      }
+      bind = false;
+    }
     if (env::get("COMMS_ROUTE")) {
       // Under COMMS_ROUTE the groups come from comms::dist, so the route
       // decides how each one is made (a fresh rendezvous, or Comm::split).
       dist::InitOptions init;
       init.backend = options.backend;
-      init.device = device;
+      if (bind) init.device = device;
       init.timeout = options.op_timeout;
       world = dist::init_process_group(init).shared_comm();
     } else {
       CommOptions co;
       co.op_timeout = options.op_timeout;
-      world = new_comm(options.backend, device, "conformance-world", co);
+      world = new_comm(options.backend, bind ? std::optional<Device>(device) : std::nullopt, "conformance-world", co);
     }
     options.backend = world->backend_string();
-    caps.probe(*world, *memory);
+    if (claims.declared) {
+      caps.from_claims(claims);
+    } else {
+      caps.probe(*world, *memory);
+    }
   }
   const bool via_dist = dist::is_initialized();
   if (rank == 0) {
@@ -413,7 +494,10 @@ int run_suite(SuiteOptions options) {
     std::fflush(stdout);
   }
 
-  Suite suite(options, world, *memory, rank, size);
+  if (rank == 0 && claims.declared) {
+    std::printf("backend '%s' claims ops: %s\n", claims.plugin.c_str(), join(claims.ops).c_str());
+  }
+  Suite suite(options, claims, world, *memory, rank, size);
   std::vector<std::string> impossible;
   const std::vector<Shape> shapes = shapes_for(size, &impossible);
   for (const auto& why : impossible) {
@@ -503,7 +587,15 @@ int main(int argc, char** argv) {
   app.add_option("--backend", options.backend, "backend string (default: COMMS_BACKEND)");
   app.add_option("--device", device, "buffer device")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--plugin", options.plugin, "a backend plugin file (.so) to load and test");
-  app.add_option("--filter", options.filter, "run only cases whose name matches this glob, e.g. 'world/all_reduce/*'");
+  app.add_option("--filter", options.filters,
+                 "run only cases whose name matches one of these globs, e.g. 'world/all_reduce/*' "
+                 "(repeat the flag or separate globs with commas)")
+      ->delimiter(',');
+  app.add_option("--exclude", options.excludes, "skip cases whose name matches one of these globs")
+      ->delimiter(',');
+  app.add_option("--require", options.required,
+                 "cases (globs) the backend must pass: a skip of one, or a glob matching no case, fails the run")
+      ->delimiter(',');
   app.add_flag("--quick", options.quick, "fewer counts and roots");
   app.add_option("--json", options.json_path, "also write the results as JSON (rank 0)");
   app.add_option("--op-timeout", op_timeout_s, "timeout of every op, in seconds");

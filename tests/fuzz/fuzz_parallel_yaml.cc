@@ -141,7 +141,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(!has_non_scalar_key(text), "a config with a non-scalar key was accepted");
   const auto& names = group_names();
   for (const auto& [group, o] : config) {
-    const bool alias = group == "ep_tp" || group == "tp_ep_mp" || group == "ep_dp";
+    // Megatron's aliases, and its groups comms does not create (accepted, ignored).
+    const bool alias = group == "ep_tp" || group == "tp_ep_mp" || group == "ep_dp" || group == "intra_dp_cp" ||
+                       group == "hcp" || group == "intra_ep_dp" || group == "inter_ep_dp" ||
+                       group == "intra_dist_opt_instance";
     FUZZ_CHECK(alias || std::find(names.begin(), names.end(), group) != names.end(), "unknown group '" + group + "' accepted");
     if (o.nccl.net_name) {
       std::string n = *o.nccl.net_name;

@@ -78,6 +78,28 @@ TEST_F(Dist, GroupOptionsReachTheCommunicatorOnBothRoutes) {
   EXPECT_EQ(x, 1.5f);
 }
 
+// An nccl option on a cpu:gloo world is refused on every rank, members or
+// not (non-members used to get an empty handle silently), and the error
+// names the group, the op and the rank.
+TEST_F(Dist, AHintForAnAbsentBackendIsRefusedOnEveryRankWithTheErrorsFields) {
+  Group w = world();
+  GroupOptions o;
+  o.name = "nccl_on_cpu";
+  o.options.nccl.max_ctas = 16;
+  try {
+    (void)new_group({0}, o);
+    ADD_FAILURE() << "rank " << w.rank() << ": an nccl hint on a cpu:gloo group was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'nccl.max_ctas' is for backend 'nccl'"), std::string::npos) << e.what();
+    EXPECT_EQ(e.comm(), "nccl_on_cpu");
+    EXPECT_EQ(e.op(), "new_group");
+    EXPECT_EQ(e.seq(), 0u);
+    EXPECT_EQ(e.rank(), w.rank());
+  }
+  w->barrier();  // every rank is still in step
+}
+
 TEST_F(Dist, SplitGroupGivesEachRankItsListInOrder) {
   Group w = world();
   const int n = w.size();

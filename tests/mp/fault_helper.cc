@@ -11,7 +11,8 @@
 //   exit-without-shutdown  groups are created, an async op is left in
 //          flight, and main returns without shutdown: the process must
 //          still exit promptly.
-// Survivors print "FAULT rank <r> code <code> after_ms <ms>: <message>" and
+// Survivors print "FAULT rank <r> code <code> after_ms <ms> comm <c> op <o>
+// seq <s> peer <p>: <message>" (the comms::Error's fields) and
 // exit 3. SIGTERM is ignored so commsrun's stop signal cannot race the report.
 #include <signal.h>
 #include <unistd.h>
@@ -29,8 +30,9 @@ using Clock = std::chrono::steady_clock;
 
 int report(const Error& e, Clock::time_point since) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count();
-  std::printf("FAULT rank %d code %s after_ms %lld: %s\n", e.rank(), std::string(to_string(e.code())).c_str(),
-              static_cast<long long>(ms), e.what());
+  std::printf("FAULT rank %d code %s after_ms %lld comm %s op %s seq %llu peer %d: %s\n", e.rank(),
+              std::string(to_string(e.code())).c_str(), static_cast<long long>(ms), e.comm().c_str(),
+              e.op().c_str(), static_cast<unsigned long long>(e.seq()), e.peer(), e.what());
   std::fflush(stdout);
   return 3;
 }

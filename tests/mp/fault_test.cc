@@ -69,6 +69,24 @@ TEST(Faults, APeerThatSkipsAnOpMakesTheOthersTimeOutWithinTheOpTimeout) {
   EXPECT_NE(p.exit_code(), 0);
 }
 
+// The error of a Gloo read timeout carries every field, the peer included:
+// at 2 ranks the only rank rank 0 can wait for is rank 1.
+TEST(Faults, ATimeoutErrorNamesCommOpSeqRankAndThePeerItWaitedFor) {
+  auto p = run({COMMSRUN, "-n", "2", "--grace", "3", "--", FAULT_HELPER, "skip"},
+               {{"COMMS_OP_TIMEOUT", "1s"}}, 40s);
+  std::smatch m;
+  const std::regex re(R"(FAULT rank (\d+) code (\w+) after_ms \d+ comm (\S+) op (\S+) seq (\d+) peer (-?\d+): ([^\n]*))");
+  ASSERT_TRUE(std::regex_search(p.output, m, re)) << p.output;
+  EXPECT_EQ(m[1], "0");
+  EXPECT_EQ(m[2], "timeout");
+  EXPECT_EQ(m[3], "world");
+  EXPECT_EQ(m[4], "all_reduce");
+  EXPECT_EQ(m[5], "3") << "seq 1 is the binding barrier, 2 the first all_reduce";
+  EXPECT_EQ(m[6], "1") << m[7];
+  EXPECT_NE(m[7].str().find("comms[world rank 0/2] all_reduce #3: timeout: "), std::string::npos) << m[7];
+  EXPECT_NE(m[7].str().find("(peer rank 1)"), std::string::npos) << m[7];
+}
+
 TEST(Faults, AbortWakesAnInFlightOpWithAbortedAndLaterOpsFailFast) {
   auto p = run({COMMSRUN, "-n", "2", "--grace", "5", "--", FAULT_HELPER, "abort"},
                {{"COMMS_OP_TIMEOUT", "60s"}}, 40s);

@@ -195,5 +195,51 @@ TEST_F(CommContract, ACollectiveGivenATagIsRejectedNamingTheOp) {
   }
 }
 
+// Every comms::Error names its comm, op, seq and rank: a failed argument
+// check of an op, and a new_comm refused before any backend exists.
+TEST_F(CommContract, ErrorsCarryCommOpSeqAndRank) {
+  CommOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  auto c = new_comm("cpu:gloo", std::nullopt, "fields", o);
+  float x = 1;
+  c->barrier();  // seq 1
+  try {
+    c->broadcast(BufferView::of(&x, 1), 5);  // root outside the comm
+    FAIL() << "a broadcast from rank 5 of 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.comm(), "fields");
+    EXPECT_EQ(e.op(), "broadcast");
+    EXPECT_EQ(e.seq(), 2u) << e.what();
+    EXPECT_EQ(e.rank(), 0);
+    EXPECT_EQ(e.peer(), -1);  // no peer caused it
+  }
+  OpOptions hinted;
+  hinted.hints = {{"gloo.algorithm", "ring"}};  // no such Gloo key
+  try {
+    c->all_reduce(BufferView::of(&x, 1), ReduceOp::sum(), hinted);
+    FAIL() << "an unknown per-op hint was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_CONTAINS(std::string(e.what()), "comms[fields rank 0/1] all_reduce #2: invalid_argument: unknown hint 'gloo.algorithm'");
+    EXPECT_EQ(e.comm(), "fields");
+    EXPECT_EQ(e.op(), "all_reduce");
+    EXPECT_EQ(e.seq(), 2u);  // the rejected broadcast took no number
+    EXPECT_EQ(e.rank(), 0);
+  }
+  CommOptions bad = o;
+  bad.hints = {{"nccl.max_ctas", "4"}};
+  try {
+    (void)new_comm("cpu:gloo", std::nullopt, "no_nccl_here", bad);
+    FAIL() << "an nccl hint on a cpu:gloo comm was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(e.comm(), "no_nccl_here") << e.what();
+    EXPECT_EQ(e.op(), "new_comm");
+    EXPECT_EQ(e.seq(), 0u);
+    EXPECT_EQ(e.rank(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace comms

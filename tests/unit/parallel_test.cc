@@ -238,6 +238,44 @@ dp_gloo:
   EXPECT_EQ(p.find("dp_gloo")->backend, "gloo");
 }
 
+// Every key Megatron-LM's parallel_state.py passes to get_nccl_options, each
+// with its own max_ctas: the file loads, each alias reaches the group
+// Megatron configures with it (tp_ep_mp: the tp-ep group, not tp-ep-pp), and
+// tp_ep_mp with tp_ep_pp together is not a duplicate.
+TEST(CommunicatorConfig, AMegatronFileWithEveryGroupKeyLoadsAndEachKeyReachesItsGroup) {
+  const std::vector<std::string> megatron_keys = {
+      "dp_cp", "intra_dp_cp", "dp",       "cp",    "hcp",   "mp",       "tp",    "pp",
+      "embd",  "pos_embd",    "tp_dp_cp", "tp_dp", "tp_cp", "ep",       "ep_tp", "tp_ep_mp",
+      "tp_ep_pp", "ep_dp",    "intra_ep_dp", "inter_ep_dp", "intra_dist_opt_instance"};
+  std::string yaml;
+  std::map<std::string, int> ctas;
+  for (size_t i = 0; i < megatron_keys.size(); ++i) {
+    ctas[megatron_keys[i]] = static_cast<int>(i) + 1;
+    yaml += megatron_keys[i] + ":\n  max_ctas: " + std::to_string(i + 1) + "\n";
+  }
+  const auto cfg = parse_communicator_config(yaml);
+  EXPECT_EQ(cfg.size(), megatron_keys.size());
+  ParallelConfig c;
+  c.tp = 2;
+  c.pp = 2;
+  c.ep = 2;
+  c.group_options = cfg;
+  const ParallelPlan p = plan_model_parallel(c, 8, "cpu:gloo,cuda:nccl");
+  const std::map<std::string, std::string> ours = {
+      {"dp_cp", "dp_cp"}, {"dp", "dp"},       {"cp", "cp"},       {"mp", "mp"},         {"tp", "tp"},
+      {"pp", "pp"},       {"embd", "embd"},   {"pos_embd", "pos_embd"}, {"tp_dp_cp", "tp_dp_cp"},
+      {"tp_dp", "tp_dp"}, {"tp_cp", "tp_cp"}, {"ep", "ep"},       {"ep_tp", "expt_tp"}, {"tp_ep_mp", "tp_ep"},
+      {"tp_ep_pp", "tp_ep_pp"}, {"ep_dp", "expt_dp"}};
+  for (const auto& [key, group] : ours) {
+    const PlannedGroup* g = p.find(group);
+    ASSERT_NE(g, nullptr) << group;
+    EXPECT_EQ(g->options.nccl.max_ctas, ctas.at(key)) << "Megatron's '" << key << "' configures our '" << group << "'";
+  }
+  // tp_ep_mp and tp_ep name the same group: giving both is refused.
+  EXPECT_ERROR_MENTIONS(parse_communicator_config("tp_ep_mp: {max_ctas: 1}\ntp_ep: {max_ctas: 2}\n"),
+                        "group 'tp_ep' is given twice");
+}
+
 TEST(CommunicatorConfig, AnEmptyFileGivesNoOptions) { EXPECT_TRUE(parse_communicator_config("").empty()); }
 
 TEST(CommunicatorConfig, RejectsUnknownGroupsKeysValuesAndTypesNamingThem) {

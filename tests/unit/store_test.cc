@@ -254,6 +254,22 @@ TEST_P(EveryStore, GetWaitsForAKeySetLaterByAnotherClient) {
   setter.get();
 }
 
+// store.h: every store is safe from several threads. One client, two
+// threads: a set must not queue behind the other thread's blocking get on
+// the same client (it would only run once the get timed out).
+TEST_P(EveryStore, ASetFromAnotherThreadOfTheSameClientEndsABlockingGet) {
+  auto setter = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(100ms);
+    store_->set("same_client", "arrived");
+    return store_->add("counter", 1);  // and more calls while the get may still run
+  });
+  auto start = Clock::now();
+  EXPECT_EQ(store_->get("same_client", 5s), "arrived");
+  EXPECT_LT(elapsed_ms(start), 2000);
+  EXPECT_EQ(setter.get(), 1);
+  EXPECT_EQ(store_->add("counter", 1), 2);  // the client stays usable
+}
+
 TEST_P(EveryStore, GetTimesOutWithinASmallMarginNamingTheKey) {
   auto start = Clock::now();
   Error e = expect_error([&] { store_->get("never-set", 200ms); });
