@@ -1,6 +1,7 @@
 // A comm's backend slots: creating each backend, connecting it (eagerly or
 // before its first op), and the message prefix every error of the comm uses.
 #include "comm_impl.h"
+#include "trace/service.h"
 #include "exit_guard.h"
 #include "log.h"
 #include "strutil.h"
@@ -13,7 +14,12 @@ std::string internal::comm_prefix(std::string_view name, int rank, int size) {
   return str::cat("comms[", name, " rank ", rank, "/", size, "]");
 }
 
-Comm::Impl::Impl(Config config) : config_(std::move(config)) { internal::track_live_comm(this); }
+Comm::Impl::Impl(Config config)
+    : config_(std::move(config)),
+      recorder_(trace::register_comm(
+          {config_.name, config_.rank, config_.size, config_.rendezvous_ns, config_.store})) {
+  internal::track_live_comm(this);
+}
 
 Comm::Impl::~Impl() {
   internal::untrack_live_comm(this);
