@@ -42,6 +42,34 @@ std::string op_at(const std::map<int, std::map<uint64_t, json>>& entries, uint64
   return "op";
 }
 
+// A rank without a dump that the others' failed ops name as their peer
+// (killed, or crashed): the op it broke, and the last op every rank with a
+// dump completed, which it took part in.
+void add_suspects(json& out, const std::map<int, std::map<uint64_t, json>>& entries) {
+  out["suspects"] = json::array();
+  uint64_t all_completed = UINT64_MAX;
+  for (auto& [rank, p] : out["progress"].items()) all_completed = std::min(all_completed, p["last_completed"].get<uint64_t>());
+  for (const json& r : out["no_dump"]) {
+    json named_by = json::array();
+    uint64_t seq = 0;
+    for (const auto& [rank, by_seq] : entries) {
+      for (const auto& [s, e] : by_seq) {
+        if (e.value("state", "") == "failed" && e.value("peer", -1) == r.get<int>()) {
+          named_by.push_back(rank);
+          seq = seq ? std::min(seq, s) : s;
+          break;
+        }
+      }
+    }
+    if (named_by.empty()) continue;
+    json s = {{"rank", r}, {"named_by", named_by}, {"failed_seq", seq}, {"failed_op", op_at(entries, seq)}};
+    if (all_completed != UINT64_MAX && all_completed > 0) {
+      s["last_completed_by_all"] = {{"seq", all_completed}, {"op", op_at(entries, all_completed)}};
+    }
+    out["suspects"].push_back(s);
+  }
+}
+
 json merge_comm(const std::string& name, const std::vector<const json*>& dumps) {
   int size = 0;
   std::map<int, const json*> by_rank;
@@ -96,6 +124,7 @@ json merge_comm(const std::string& name, const std::vector<const json*>& dumps) 
       break;
     }
   }
+  add_suspects(out, entries);
   for (const auto& [rank, by_seq] : entries) {
     for (const auto& [seq, e] : by_seq) {
       if (e.value("state", "") != "failed") continue;
@@ -160,6 +189,15 @@ std::string to_text(const json& merged) {
         << "\n";
     }
     if (!c["no_dump"].empty()) o << "  no dump from " << list(c["no_dump"]) << " (dead, killed or not reached)\n";
+    for (const json& s : c["suspects"]) {
+      o << "  rank " << s["rank"] << " left no dump and ranks " << list(s["named_by"]) << " failed "
+        << s["failed_op"].get<std::string>() << " #" << s["failed_seq"] << " on it";
+      if (s.contains("last_completed_by_all")) {
+        o << "; its last op: " << s["last_completed_by_all"]["op"].get<std::string>() << " #"
+          << s["last_completed_by_all"]["seq"] << " (completed by every rank with a dump)";
+      }
+      o << "\n";
+    }
     for (const json& f : c["failures"]) {
       o << "  rank " << f["rank"] << " failed " << f["op"].get<std::string>() << " #" << f["seq"] << " with "
         << f["error"].get<std::string>();

@@ -12,7 +12,7 @@ namespace comms::trace_tool {
 
 // Merges parsed dumps. The result has the shape of `comms-trace --json`:
 // {"comms": [{"comm", "ranks", "no_dump", "progress", "stuck", "mismatches",
-// "failures"}]}, comms sorted by name.
+// "failures", "suspects"}]}, comms sorted by name.
 nlohmann::json merge(const std::vector<nlohmann::json>& dumps);
 
 // Every *.json dump under `dir` (not recursive); throws std::runtime_error
