@@ -1,0 +1,152 @@
+// The flight recorder's ring and comms-trace's merge logic.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "merge.h"
+#include "trace/recorder.h"
+
+namespace {
+
+using comms::trace::OpRecord;
+using comms::trace::OpState;
+using comms::trace::Recorder;
+using nlohmann::json;
+
+OpRecord op(uint64_t seq, uint64_t count = 1024) {
+  OpRecord r;
+  r.seq = seq;
+  r.op = comms::plugin::OpType::kAllReduce;
+  r.count = count;
+  r.issued_ns = comms::trace::now_ns();
+  return r;
+}
+
+TEST(TraceRing, KeepsTheLastCapacityOpsOldestFirstWithTheirStates) {
+  Recorder rec({"w", 0, 2, "ns", nullptr}, 4);
+  for (uint64_t s = 1; s <= 6; ++s) {
+    rec.issued(op(s, s * 10));
+    rec.started(s);
+    if (s != 6) rec.completed(s);
+  }
+  rec.failed(6, comms::ErrorCode::kTimeout, 1);
+  const auto snap = rec.snapshot();
+  ASSERT_EQ(snap.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(snap[i].seq, i + 3);
+    EXPECT_EQ(snap[i].count, (i + 3) * 10);
+  }
+  EXPECT_EQ(snap[2].state, OpState::kCompleted);
+  EXPECT_EQ(snap[3].state, OpState::kFailed);
+  EXPECT_EQ(snap[3].error, comms::ErrorCode::kTimeout);
+  EXPECT_EQ(snap[3].peer, 1);
+  EXPECT_GE(snap[3].ended_ns, snap[3].started_ns);
+  EXPECT_EQ(rec.last_entered(), 6u);
+  EXPECT_EQ(rec.last_completed(), 5u);
+  OpRecord found;
+  EXPECT_FALSE(rec.find(2, &found));  // overwritten by #6
+  ASSERT_TRUE(rec.find(5, &found));
+  EXPECT_EQ(found.count, 50u);
+  // An update for an op the ring no longer holds must not touch its slot.
+  rec.completed(2);
+  ASSERT_TRUE(rec.find(6, &found));
+  EXPECT_EQ(found.state, OpState::kFailed);
+}
+
+TEST(TraceRing, CapacityZeroRecordsNothingButStillCountsProgress) {
+  Recorder rec({"w", 0, 2, "ns", nullptr}, 0);
+  rec.issued(op(1));
+  rec.completed(1);
+  rec.issued(op(2));
+  EXPECT_TRUE(rec.snapshot().empty());
+  EXPECT_EQ(rec.last_entered(), 2u);
+  EXPECT_EQ(rec.last_completed(), 1u);
+}
+
+TEST(TraceRing, ADumpWhileOpsAreWrittenSeesOnlyWholeEntries) {
+  Recorder rec({"w", 0, 2, "ns", nullptr}, 8);
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (uint64_t s = 1; !stop.load(); ++s) {
+      rec.issued(op(s, s * 3));  // count is always 3 x seq: a torn read breaks it
+      rec.completed(s);
+    }
+  });
+  while (rec.last_entered() < 100) std::this_thread::yield();
+  size_t seen = 0;
+  for (int i = 0; i < 2000; ++i) {
+    for (const OpRecord& r : rec.snapshot()) {
+      ASSERT_EQ(r.count, r.seq * 3);
+      ++seen;
+    }
+  }
+  stop = true;
+  writer.join();
+  EXPECT_GT(seen, 0u);
+  const json dump = json::parse(rec.to_json("test"));
+  EXPECT_EQ(dump["comm"], "w");
+  EXPECT_EQ(dump["reason"], "test");
+  EXPECT_EQ(dump["entries"].size(), 8u);
+}
+
+json entry(uint64_t seq, const std::string& op, uint64_t count, const std::string& state = "completed",
+           int peer = -1) {
+  return {{"seq", seq}, {"op", op}, {"dtype", "float32"}, {"count", count}, {"root", -1},
+          {"peer", peer}, {"reduction", "sum"}, {"state", state}};
+}
+
+json dump(int rank, int size, uint64_t entered, uint64_t completed, json entries) {
+  return {{"comm", "world"}, {"rank", rank}, {"size", size}, {"last_entered", entered},
+          {"last_completed", completed}, {"entries", std::move(entries)}};
+}
+
+TEST(CommsTraceMerge, TheFirstOpSomeRanksNeverEnteredIsStuckWithExactlyThoseRanksMissing) {
+  std::vector<json> dumps = {
+      dump(0, 4, 6, 5, {entry(5, "all_reduce", 8), entry(6, "all_reduce", 8, "failed")}),
+      dump(1, 4, 6, 5, {entry(5, "all_reduce", 8), entry(6, "all_reduce", 8, "failed")}),
+      dump(2, 4, 5, 5, {entry(5, "all_reduce", 8)}),
+      dump(3, 4, 4, 4, {entry(4, "barrier", 0)}),
+  };
+  const json c = comms::trace_tool::merge(dumps)["comms"][0];
+  ASSERT_EQ(c["stuck"].size(), 1u);
+  EXPECT_EQ(c["stuck"][0]["seq"], 5);
+  EXPECT_EQ(c["stuck"][0]["op"], "all_reduce");
+  EXPECT_EQ(c["stuck"][0]["entered"], json({0, 1, 2}));
+  EXPECT_EQ(c["stuck"][0]["missing"], json({3}));
+  EXPECT_EQ(c["progress"]["3"]["completed_op"], "barrier");
+  EXPECT_TRUE(c["mismatches"].empty());
+}
+
+TEST(CommsTraceMerge, TheFirstDisagreementIsReportedButSendAgainstRecvIsNot) {
+  std::vector<json> dumps = {
+      dump(0, 2, 3, 3, {entry(1, "send", 4), entry(2, "all_reduce", 8), entry(3, "all_reduce", 16)}),
+      dump(1, 2, 3, 3, {entry(1, "recv", 4), entry(2, "all_reduce", 9), entry(3, "all_gather", 16)}),
+  };
+  const json c = comms::trace_tool::merge(dumps)["comms"][0];
+  EXPECT_TRUE(c["stuck"].empty());
+  ASSERT_EQ(c["mismatches"].size(), 1u);
+  EXPECT_EQ(c["mismatches"][0]["seq"], 2);
+  EXPECT_EQ(c["mismatches"][0]["by_rank"]["0"]["count"], 8);
+  EXPECT_EQ(c["mismatches"][0]["by_rank"]["1"]["count"], 9);
+  EXPECT_EQ(c["mismatches"][0]["by_rank"]["1"]["reduction"], "sum");
+}
+
+TEST(CommsTraceMerge, ARankWithoutADumpThatTheOthersFailedOnIsASuspectWithItsLastOp) {
+  std::vector<json> dumps = {
+      dump(0, 3, 8, 7, {entry(7, "all_reduce", 8), entry(8, "all_reduce", 8, "failed", 2)}),
+      dump(1, 3, 8, 7, {entry(7, "all_reduce", 8), entry(8, "all_reduce", 8, "failed", 2)}),
+  };
+  const json c = comms::trace_tool::merge(dumps)["comms"][0];
+  EXPECT_EQ(c["no_dump"], json({2}));
+  ASSERT_EQ(c["suspects"].size(), 1u);
+  EXPECT_EQ(c["suspects"][0]["rank"], 2);
+  EXPECT_EQ(c["suspects"][0]["failed_seq"], 8);
+  EXPECT_EQ(c["suspects"][0]["last_completed_by_all"]["seq"], 7);
+  const std::string text = comms::trace_tool::to_text(comms::trace_tool::merge(dumps));
+  EXPECT_NE(text.find("rank 2 left no dump and ranks [0, 1] failed all_reduce #8 on it; its last op: all_reduce #7"),
+            std::string::npos)
+      << text;
+}
+
+}  // namespace
