@@ -4,6 +4,7 @@
 //          naming it.
 //   count  rank 1 passes 1000 elements to the 3rd all_reduce, the others
 //          1024; then every rank dumps its traces.
+//   count-ring  the same with 65536 and 65000 elements (the ring path).
 //   kill   the last rank SIGKILLs itself before its 21st all_reduce.
 // A rank whose op fails prints "FAULT rank <r> code <code> after_ms <ms>:
 // <message>" and exits 3; "OK rank <r>" when every op succeeded.
@@ -24,7 +25,8 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "skip";
   auto world = new_comm("cpu:gloo", Device::cpu(), "world");
   const int last = world->size() - 1;
-  std::vector<float> x(1024, 1.0f);
+  const size_t n = mode == "count-ring" ? 65536 : 1024;
+  std::vector<float> x(n, 1.0f);
   auto start = Clock::now();
   try {
     for (int i = 1; i <= (mode == "kill" ? 100000 : 5); ++i) {
@@ -33,7 +35,8 @@ int main(int argc, char** argv) {
         return 0;
       }
       if (mode == "kill" && i == 21 && world->rank() == last) raise(SIGKILL);
-      const size_t count = mode == "count" && i == 3 && world->rank() == 1 ? 1000 : 1024;
+      const bool short_rank = mode.rfind("count", 0) == 0 && i == 3 && world->rank() == 1;
+      const size_t count = short_rank ? n - (n == 1024 ? 24 : 536) : n;
       start = Clock::now();
       world->all_reduce(BufferView::of(x.data(), count), ReduceOp::sum());
     }

@@ -97,18 +97,39 @@ TEST(Trace, DetailModeFailsEveryRankWithBothCountsBeforeTheOpTimeout) {
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["2"]["count"], 1024);
 }
 
-TEST(Trace, WithoutDetailModeCommsTraceStillFindsTheCountMismatchInTheDumps) {
+TEST(Trace, WithoutDetailModeTheExchangeHeaderFailsEveryRankWithTheCountsAndCommsTraceFindsIt) {
   TraceDir dir;
   auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", TRACE_HELPER, "count"},
                {{"COMMS_OP_TIMEOUT", "30s"}, {"COMMS_TRACE_DIR", dir.path.string()}}, 60s);
-  // Documented (docs/DEBUGGING.md): Gloo's pairs do not tell a receiver how
-  // long a message was, so only detail mode or the dumps catch this case.
-  EXPECT_TRUE(p.output.find("dumped 1") != std::string::npos || !reports(p.output).empty()) << p.output;
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 3u) << p.output;
+  for (const auto& rep : r) {
+    EXPECT_EQ(rep.code, "invalid_argument") << rep.message;
+    EXPECT_LT(rep.ms, 5000) << rep.message;
+    // 1024 and 1000 float32 elements, in bytes.
+    const std::string expected = rep.rank == 1 ? "rank 1 expects 4000 bytes from each peer, rank 0 sent 4096, rank 2 sent 4096"
+                                               : "expects 4096 bytes from each peer, rank 1 sent 4000";
+    EXPECT_NE(rep.message.find(expected), std::string::npos) << rep.message;
+  }
   const json c = trace_json(dir)["comms"][0];
   ASSERT_EQ(c["mismatches"].size(), 1u) << c.dump(1);
   EXPECT_EQ(c["mismatches"][0]["seq"], 4);
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["1"]["count"], 1000);
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["0"]["count"], 1024);
+}
+
+TEST(Trace, OnTheRingPathOnlyDetailModeCatchesTheCountMismatch) {
+  // Documented in docs/DEBUGGING.md: the ring sends from the caller's
+  // buffers with no header, so without detail mode this run succeeds.
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", TRACE_HELPER, "count-ring"},
+               {{"COMMS_OP_TIMEOUT", "30s"}, {"COMMS_DEBUG", "detail"}}, 60s);
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 3u) << p.output;
+  for (const auto& rep : r) {
+    EXPECT_EQ(rep.code, "invalid_argument") << rep.message;
+    EXPECT_NE(rep.message.find("rank 1: all_reduce float32 x 65000 sum"), std::string::npos) << rep.message;
+    EXPECT_NE(rep.message.find("ranks 0,2: all_reduce float32 x 65536 sum"), std::string::npos) << rep.message;
+  }
 }
 
 TEST(Trace, TheSurvivorsDumpsNameAKilledRankAndItsLastOp) {
