@@ -9,7 +9,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -29,9 +32,14 @@ namespace comms::trace {
 namespace {
 
 constexpr auto kPollPeriod = std::chrono::milliseconds(500);
+constexpr int64_t kRecentRequests = 2;
 
 struct Registry {
   std::mutex mu;
+  // Held by the watcher while it uses a store; exit waits for it (briefly)
+  // so that static destructors do not run under a store call.
+  std::timed_mutex busy;
+  std::atomic<bool> stopping{false};
   std::vector<std::weak_ptr<Recorder>> recorders;
   bool watcher_started = false;
   int wake_fds[2] = {-1, -1};
@@ -97,7 +105,10 @@ void answer_requests(std::map<Store*, StoreWatch>& watches) {
       ++w.failures;
       continue;
     }
-    if (w.seen < 0) w.seen = now;
+    // First sight of this store: a request made just before (by a comm that
+    // timed out within a poll period of its creation) still gets answers;
+    // older ones at most cost a dump.
+    if (w.seen < 0) w.seen = std::max<int64_t>(0, now - kRecentRequests);
     if (now <= w.seen) continue;
     for (int64_t req = w.seen + 1; req <= now; ++req) {
       for (auto& r : recorders) publish_progress(*r, req);
@@ -109,16 +120,26 @@ void answer_requests(std::map<Store*, StoreWatch>& watches) {
 
 void watch() {
   std::map<Store*, StoreWatch> watches;
-  const int fd = registry().wake_fds[0];
-  for (;;) {
+  Registry& reg = registry();
+  const int fd = reg.wake_fds[0];
+  while (!reg.stopping.load()) {
     pollfd p{fd, POLLIN, 0};
     const int n = ::poll(&p, 1, static_cast<int>(kPollPeriod.count()));
+    std::lock_guard<std::timed_mutex> busy(reg.busy);
+    if (reg.stopping.load()) return;
     if (n > 0 && (p.revents & POLLIN)) {
       char buf[64];
       if (::read(fd, buf, sizeof(buf)) > 0) dump_all("SIGUSR1");
     }
     answer_requests(watches);
   }
+}
+
+void stop_watcher() {
+  Registry& reg = registry();
+  reg.stopping = true;
+  // A store call in progress ends within its own timeout; exit waits a little.
+  if (reg.busy.try_lock_for(std::chrono::milliseconds(200))) reg.busy.unlock();
 }
 
 void start_watcher(Registry& reg) {
@@ -128,6 +149,7 @@ void start_watcher(Registry& reg) {
     return;
   }
   reg.watcher_started = true;
+  std::atexit(stop_watcher);
   install_sigusr1();
   std::thread(watch).detach();
 }
@@ -147,6 +169,7 @@ std::shared_ptr<Recorder> register_comm(CommInfo info) {
   auto r = std::make_shared<Recorder>(std::move(info), configured_capacity());
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
+  std::erase_if(reg.recorders, [](const std::weak_ptr<Recorder>& w) { return w.expired(); });
   reg.recorders.push_back(r);
   if (r->info().store && r->info().size > 1) start_watcher(reg);
   return r;

@@ -4,8 +4,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "comms/store.h"
 #include "merge.h"
 #include "trace/recorder.h"
+#include "trace/service.h"
 
 namespace {
 
@@ -88,6 +90,63 @@ TEST(TraceRing, ADumpWhileOpsAreWrittenSeesOnlyWholeEntries) {
   EXPECT_EQ(dump["comm"], "w");
   EXPECT_EQ(dump["reason"], "test");
   EXPECT_EQ(dump["entries"].size(), 8u);
+}
+
+// Three ranks of one comm in this process, sharing a store: the watcher
+// thread answers for those that did not time out.
+TEST(TraceCulprit, ATimeoutNamesTheRankThatNeverEnteredTheOpAndItsLastCompletedOp) {
+  auto store = comms::make_memory_store();
+  std::vector<std::shared_ptr<Recorder>> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back(comms::trace::register_comm({"culprit", r, 3, "culprit-ns", store}));
+    for (uint64_t s = 1; s <= (r == 2 ? 5u : 6u); ++s) {
+      ranks[r]->issued(op(s));
+      if (s <= 5) ranks[r]->completed(s);
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string text = comms::trace::find_culprit(ranks[0], 6);
+  EXPECT_EQ(text, "ranks that never entered all_reduce #6: [2] (rank 2 last completed all_reduce #5)");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2500));
+}
+
+// A store whose calls never return, or fail.
+class BrokenStore final : public comms::Store {
+ public:
+  explicit BrokenStore(bool hang) : hang_(hang) {}
+  void set(const std::string&, const std::string&) override { fail(); }
+  std::string get(const std::string&, std::chrono::milliseconds) override { return fail(), ""; }
+  void wait(const std::vector<std::string>&, std::chrono::milliseconds) override { fail(); }
+  int64_t add(const std::string&, int64_t) override { return fail(), 0; }
+  bool check(const std::vector<std::string>&) override { return fail(), false; }
+  bool delete_key(const std::string&) override { return fail(), false; }
+  std::string compare_set(const std::string&, const std::string&, const std::string&) override { return fail(), ""; }
+
+ private:
+  void fail() {
+    if (hang_) std::this_thread::sleep_for(std::chrono::seconds(20));
+    throw comms::Error(comms::ErrorCode::kPeerFailure, "store connection refused");
+  }
+  bool hang_;
+};
+
+TEST(TraceCulprit, AStoreThatNeverAnswersIsSaidSoWithinFiveSeconds) {
+  auto rec = std::make_shared<Recorder>(comms::trace::CommInfo{"w", 0, 2, "ns", std::make_shared<BrokenStore>(true)}, 8);
+  rec->issued(op(1));
+  const auto start = std::chrono::steady_clock::now();
+  const std::string text = comms::trace::find_culprit(rec, 1);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(text, "the store did not answer within 4 s, so which ranks are behind is unknown");
+  EXPECT_LT(took, std::chrono::seconds(5));
+  EXPECT_GE(took, std::chrono::milliseconds(3900));
+}
+
+TEST(TraceCulprit, AStoreThatFailsIsNamedWithItsError) {
+  auto rec = std::make_shared<Recorder>(comms::trace::CommInfo{"w", 0, 2, "ns", std::make_shared<BrokenStore>(false)}, 8);
+  rec->issued(op(1));
+  const std::string text = comms::trace::find_culprit(rec, 1);
+  EXPECT_NE(text.find("could not ask the store how far the other ranks got: "), std::string::npos) << text;
+  EXPECT_NE(text.find("store connection refused"), std::string::npos) << text;
 }
 
 json entry(uint64_t seq, const std::string& op, uint64_t count, const std::string& state = "completed",
