@@ -168,6 +168,12 @@ void Comm::Impl::flush_barrier(DeviceType t) {
   d.seq = ++seq_;
   d.device = s.device;
   d.timeout = config_.init_timeout;
+  trace::OpRecord record;  // recorded like any op, so the ring has no gap at #1
+  record.seq = d.seq;
+  record.op = OpType::kBarrier;
+  record.device = t;
+  record.issued_ns = trace::now_ns();
+  recorder_->issued(record);
   std::unique_ptr<plugin::Work> work;
   Status st = internal::call_plugin(s.plugin->name, "submit", [&] { return s.backend->submit(d, &work); });
   if (st.is_ok() && work) {
@@ -177,6 +183,7 @@ void Comm::Impl::flush_barrier(DeviceType t) {
     st.message = str::cat("flush barrier after binding ", s.device.to_string(), ": ", st.message);
     fail_op(OpType::kBarrier, d.seq, st, t);
   }
+  recorder_->completed(d.seq);
 }
 
 }  // namespace comms
