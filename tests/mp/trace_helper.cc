@@ -6,6 +6,8 @@
 //          1024; then every rank dumps its traces.
 //   count-ring  the same with 65536 and 65000 elements (the ring path).
 //   kill   the last rank SIGKILLs itself before its 21st all_reduce.
+//   usr1   after 5 all_reduces every rank sends itself SIGUSR1 and waits
+//          for the recorder's watcher thread to dump.
 // A rank whose op fails prints "FAULT rank <r> code <code> after_ms <ms>:
 // <message>" and exits 3; "OK rank <r>" when every op succeeded.
 #include <signal.h>
@@ -47,6 +49,13 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     dump_traces();
     return 3;
+  }
+  if (mode == "usr1") {
+    raise(SIGUSR1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::printf("OK rank %d after SIGUSR1\n", world->rank());
+    std::fflush(stdout);
+    return 0;
   }
   std::printf("OK rank %d dumped %d\n", world->rank(), dump_traces());
   std::fflush(stdout);

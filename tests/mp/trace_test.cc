@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -152,6 +153,24 @@ TEST(Trace, TheSurvivorsDumpsNameAKilledRankAndItsLastOp) {
                              "all_reduce #21"),
             std::string::npos)
       << text.output;
+}
+
+TEST(Trace, SigusrOneMakesEveryRankDumpWithoutStoppingIt) {
+  TraceDir dir;
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", TRACE_HELPER, "usr1"},
+               {{"COMMS_OP_TIMEOUT", "30s"}, {"COMMS_TRACE_DIR", dir.path.string()}}, 60s);
+  EXPECT_EQ(p.exit_code(), 0) << p.output;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(p.output.find("OK rank " + std::to_string(r) + " after SIGUSR1"), std::string::npos) << p.output;
+    std::ifstream in(dir.path / ("world.rank" + std::to_string(r) + ".json"));
+    ASSERT_TRUE(in) << "no dump from rank " << r << "\n" << p.output;
+    const json d = json::parse(in);
+    EXPECT_EQ(d["reason"], "SIGUSR1");
+    EXPECT_EQ(d["last_completed"], 6);  // the connect barrier and 5 all_reduces
+    ASSERT_EQ(d["entries"].size(), 6u);
+    EXPECT_EQ(d["entries"][0]["op"], "barrier");
+    EXPECT_EQ(d["entries"][5]["state"], "completed");
+  }
 }
 
 }  // namespace
