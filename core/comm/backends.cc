@@ -183,7 +183,7 @@ void Comm::Impl::flush_barrier(DeviceType t) {
     st.message = str::cat("flush barrier after binding ", s.device.to_string(), ": ", st.message);
     fail_op(OpType::kBarrier, d.seq, st, t);
   }
-  recorder_->completed(d.seq);
+  recorder_->completed(d.seq, OpType::kBarrier);
 }
 
 }  // namespace comms

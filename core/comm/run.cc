@@ -63,7 +63,7 @@ void Comm::Impl::on_fatal(DeviceType t, const Error& error) {
 Error Comm::Impl::op_error(OpType type, uint64_t seq, Status status, DeviceType t) {
   recorder_->failed(seq, status.code, status.peer);
   if (status.code == ErrorCode::kTimeout) {
-    const std::string culprit = trace::find_culprit(recorder_, seq);
+    const std::string culprit = trace::find_culprit(recorder_, seq, type);
     if (!culprit.empty()) str::append(status.message, "; ", culprit);
   }
   Error e = make_error(type, seq, status);
@@ -210,7 +210,7 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   st = internal::call_plugin(s.plugin->name, "submit", [&] { return s.backend->submit(d, &work); });
   if (!st.is_ok()) fail_op(args.type, seq, st, t);
   if (!work) {
-    recorder_->completed(seq);
+    recorder_->completed(seq, args.type);
     return Work();
   }
   if (opts.async) {
@@ -218,7 +218,7 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   }
   st = internal::call_plugin(s.plugin->name, "wait", [&] { return work->wait(WaitMode::kStream); });
   if (!st.is_ok()) fail_op(args.type, seq, st, t);
-  recorder_->completed(seq);
+  recorder_->completed(seq, args.type);
   return Work();
 }
 

@@ -33,7 +33,7 @@ std::optional<Error> WorkState::wait(WaitMode mode) {
   if (!st.is_ok()) {
     error_ = comm_->op_error(type_, seq_, st, device_type_);
   } else {
-    comm_->recorder().completed(seq_);
+    comm_->recorder().completed(seq_, type_);
   }
   done_.store(true, std::memory_order_release);
   return error_;

@@ -23,11 +23,6 @@ std::string key(const Recorder& r, std::string_view what, int64_t n, int rank) {
   return str::cat("comms-trace/", r.info().ns, "/", what, "/", n, "/", rank);
 }
 
-std::string op_at(const Recorder& r, uint64_t seq) {
-  OpRecord rec;
-  return r.find(seq, &rec) ? std::string(plugin::op_name(rec.op)) : std::string("op");
-}
-
 struct Progress {
   uint64_t entered = 0, completed = 0;
   std::string entered_op, completed_op;
@@ -70,7 +65,7 @@ std::string describe(const std::string& op, uint64_t seq, const std::map<int, Pr
   return out;
 }
 
-std::string search(const Recorder& rec, uint64_t seq) {
+std::string search(const Recorder& rec, uint64_t seq, plugin::OpType op) {
   Store& store = *rec.info().store;
   const int64_t req = store.add(kRequestKey, 1);
   publish_progress(rec, req);
@@ -87,7 +82,7 @@ std::string search(const Recorder& rec, uint64_t seq) {
     Progress p;
     if (in >> p.entered >> p.completed >> p.entered_op >> p.completed_op) got[r] = p;
   }
-  return describe(op_at(rec, seq), seq, got, rec.info().size);
+  return describe(std::string(plugin::op_name(op)), seq, got, rec.info().size);
 }
 
 }  // namespace
@@ -96,20 +91,21 @@ void publish_progress(const Recorder& rec, int64_t req) {
   Store& store = *rec.info().store;
   const uint64_t entered = rec.last_entered(), completed = rec.last_completed();
   store.set(key(rec, "progress", req, rec.info().rank),
-            str::cat(entered, " ", completed, " ", op_at(rec, entered), " ", op_at(rec, completed)));
+            str::cat(entered, " ", completed, " ", plugin::op_name(rec.last_entered_op()), " ",
+                     plugin::op_name(rec.last_completed_op())));
   // Counted once per rank, though the rank that asks also answers itself.
   if (store.add(key(rec, "progress", req, rec.info().rank) + "/n", 1) == 1) store.add(key(rec, "answers", req, 0), 1);
 }
 
-std::string find_culprit(const std::shared_ptr<Recorder>& rec, uint64_t seq) {
+std::string find_culprit(const std::shared_ptr<Recorder>& rec, uint64_t seq, plugin::OpType op) {
   if (!rec->info().store || rec->info().size <= 1) return {};
   auto result = std::make_shared<std::promise<std::string>>();
   auto answer = result->get_future();
   // On its own thread so that a store that never answers cannot hold the
   // failing op past the limit; the thread keeps what it uses alive.
-  std::thread([rec, seq, result] {
+  std::thread([rec, seq, op, result] {
     try {
-      result->set_value(search(*rec, seq));
+      result->set_value(search(*rec, seq, op));
     } catch (const std::exception& e) {
       result->set_value(str::cat("could not ask the store how far the other ranks got: ", e.what()));
     }

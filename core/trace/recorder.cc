@@ -33,6 +33,7 @@ Recorder::Slot* Recorder::slot_of(uint64_t seq) const {
 
 void Recorder::issued(const OpRecord& r) {
   last_entered_.store(r.seq, std::memory_order_relaxed);
+  last_entered_op_.store(static_cast<uint8_t>(r.op), std::memory_order_relaxed);
   Slot* s = slot_of(r.seq);
   if (!s) return;
   s->seq.store(0, std::memory_order_relaxed);  // readers skip the slot while it changes
@@ -59,11 +60,12 @@ void Recorder::started(uint64_t seq) {
   s->state.store(static_cast<uint8_t>(OpState::kStarted), std::memory_order_release);
 }
 
-void Recorder::completed(uint64_t seq) {
+void Recorder::completed(uint64_t seq, plugin::OpType op) {
   // Ops complete in order on a comm, except async ones waited out of order.
   uint64_t prev = last_completed_.load(std::memory_order_relaxed);
   while (prev < seq && !last_completed_.compare_exchange_weak(prev, seq, std::memory_order_relaxed)) {
   }
+  if (prev < seq) last_completed_op_.store(static_cast<uint8_t>(op), std::memory_order_relaxed);
   Slot* s = slot_of(seq);
   if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
   if (s->started_ns.load(std::memory_order_relaxed) == 0) s->started_ns.store(now_ns(), std::memory_order_relaxed);

@@ -60,7 +60,8 @@ class Recorder {
 
   void issued(const OpRecord& r);
   void started(uint64_t seq);
-  void completed(uint64_t seq);
+  // `op` keeps the last completed op's name known with the ring off.
+  void completed(uint64_t seq, plugin::OpType op);
   void failed(uint64_t seq, ErrorCode code, int peer);
 
   // Every live slot, oldest first (torn slots skipped).
@@ -69,6 +70,10 @@ class Recorder {
   bool find(uint64_t seq, OpRecord* out) const;
   uint64_t last_entered() const { return last_entered_.load(std::memory_order_relaxed); }
   uint64_t last_completed() const { return last_completed_.load(std::memory_order_relaxed); }
+  plugin::OpType last_entered_op() const { return static_cast<plugin::OpType>(last_entered_op_.load(std::memory_order_relaxed)); }
+  plugin::OpType last_completed_op() const {
+    return static_cast<plugin::OpType>(last_completed_op_.load(std::memory_order_relaxed));
+  }
   size_t capacity() const { return capacity_; }
   // 1, 2, ...: numbers the collectives COMMS_DEBUG=detail checks.
   int64_t next_collective() const { return collectives_.fetch_add(1, std::memory_order_relaxed) + 1; }
@@ -94,6 +99,7 @@ class Recorder {
   std::unique_ptr<Slot[]> slots_;
   std::atomic<uint64_t> last_entered_{0};
   std::atomic<uint64_t> last_completed_{0};
+  std::atomic<uint8_t> last_entered_op_{0}, last_completed_op_{0};
   mutable std::atomic<int64_t> collectives_{0};
 };
 

@@ -26,7 +26,7 @@ int dump_all(const std::string& reason);
 // rank got (bounded: about 3 s, never more than 5 s) and says who is behind,
 // e.g. "ranks that never entered all_reduce #5: [2] (rank 2 last completed
 // all_reduce #4)". Also makes every rank's watcher dump its comms.
-std::string find_culprit(const std::shared_ptr<Recorder>& recorder, uint64_t seq);
+std::string find_culprit(const std::shared_ptr<Recorder>& recorder, uint64_t seq, plugin::OpType op);
 
 // COMMS_DEBUG=detail, read once.
 bool detail_checks();

@@ -78,6 +78,20 @@ TEST(Trace, ARankThatNeverEntersTheFifthAllReduceIsNamedByEveryOtherRankAndByCom
   EXPECT_TRUE(c["mismatches"].empty()) << c.dump(1);
 }
 
+TEST(Trace, WithTheRingOffTheTimeoutStillNamesTheMissingRankAndItsLastOp) {
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", TRACE_HELPER, "skip"},
+               {{"COMMS_OP_TIMEOUT", "2s"}, {"COMMS_TRACE_BUFFER", "0"}}, 60s);
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 2u) << p.output;
+  for (const auto& rep : r) {
+    EXPECT_EQ(rep.code, "timeout") << p.output;
+    EXPECT_LT(rep.ms, 7000) << rep.message;
+    EXPECT_NE(rep.message.find("ranks that never entered all_reduce #6: [2] (rank 2 last completed all_reduce #5)"),
+              std::string::npos)
+        << rep.message;
+  }
+}
+
 TEST(Trace, DetailModeFailsEveryRankWithBothCountsBeforeTheOpTimeout) {
   TraceDir dir;
   auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", TRACE_HELPER, "count"},

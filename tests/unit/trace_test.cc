@@ -30,7 +30,7 @@ TEST(TraceRing, KeepsTheLastCapacityOpsOldestFirstWithTheirStates) {
   for (uint64_t s = 1; s <= 6; ++s) {
     rec.issued(op(s, s * 10));
     rec.started(s);
-    if (s != 6) rec.completed(s);
+    if (s != 6) rec.completed(s, comms::plugin::OpType::kAllReduce);
   }
   rec.failed(6, comms::ErrorCode::kTimeout, 1);
   const auto snap = rec.snapshot();
@@ -51,19 +51,27 @@ TEST(TraceRing, KeepsTheLastCapacityOpsOldestFirstWithTheirStates) {
   ASSERT_TRUE(rec.find(5, &found));
   EXPECT_EQ(found.count, 50u);
   // An update for an op the ring no longer holds must not touch its slot.
-  rec.completed(2);
+  rec.completed(2, comms::plugin::OpType::kAllReduce);
   ASSERT_TRUE(rec.find(6, &found));
   EXPECT_EQ(found.state, OpState::kFailed);
 }
 
 TEST(TraceRing, CapacityZeroRecordsNothingButStillCountsProgress) {
   Recorder rec({"w", 0, 2, "ns", nullptr}, 0);
-  rec.issued(op(1));
-  rec.completed(1);
+  OpRecord barrier = op(1);
+  barrier.op = comms::plugin::OpType::kBarrier;
+  rec.issued(barrier);
+  EXPECT_EQ(rec.last_entered_op(), comms::plugin::OpType::kBarrier);
+  rec.completed(1, comms::plugin::OpType::kBarrier);
+  EXPECT_EQ(rec.last_completed_op(), comms::plugin::OpType::kBarrier);
+  rec.completed(1, comms::plugin::OpType::kAllReduce);  // not newer: ignored
   rec.issued(op(2));
   EXPECT_TRUE(rec.snapshot().empty());
   EXPECT_EQ(rec.last_entered(), 2u);
   EXPECT_EQ(rec.last_completed(), 1u);
+  // The culprit search still names the ops.
+  EXPECT_EQ(rec.last_entered_op(), comms::plugin::OpType::kAllReduce);
+  EXPECT_EQ(rec.last_completed_op(), comms::plugin::OpType::kBarrier);
 }
 
 TEST(TraceRing, ADumpWhileOpsAreWrittenSeesOnlyWholeEntries) {
@@ -72,7 +80,7 @@ TEST(TraceRing, ADumpWhileOpsAreWrittenSeesOnlyWholeEntries) {
   std::thread writer([&] {
     for (uint64_t s = 1; !stop.load(); ++s) {
       rec.issued(op(s, s * 3));  // count is always 3 x seq: a torn read breaks it
-      rec.completed(s);
+      rec.completed(s, comms::plugin::OpType::kAllReduce);
     }
   });
   while (rec.last_entered() < 100) std::this_thread::yield();
@@ -101,11 +109,11 @@ TEST(TraceCulprit, ATimeoutNamesTheRankThatNeverEnteredTheOpAndItsLastCompletedO
     ranks.push_back(comms::trace::register_comm({"culprit", r, 3, "culprit-ns", store}));
     for (uint64_t s = 1; s <= (r == 2 ? 5u : 6u); ++s) {
       ranks[r]->issued(op(s));
-      if (s <= 5) ranks[r]->completed(s);
+      if (s <= 5) ranks[r]->completed(s, comms::plugin::OpType::kAllReduce);
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  const std::string text = comms::trace::find_culprit(ranks[0], 6);
+  const std::string text = comms::trace::find_culprit(ranks[0], 6, comms::plugin::OpType::kAllReduce);
   EXPECT_EQ(text, "ranks that never entered all_reduce #6: [2] (rank 2 last completed all_reduce #5)");
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2500));
 }
@@ -134,7 +142,7 @@ TEST(TraceCulprit, AStoreThatNeverAnswersIsSaidSoWithinFiveSeconds) {
   auto rec = std::make_shared<Recorder>(comms::trace::CommInfo{"w", 0, 2, "ns", std::make_shared<BrokenStore>(true)}, 8);
   rec->issued(op(1));
   const auto start = std::chrono::steady_clock::now();
-  const std::string text = comms::trace::find_culprit(rec, 1);
+  const std::string text = comms::trace::find_culprit(rec, 1, comms::plugin::OpType::kAllReduce);
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_EQ(text, "the store did not answer within 4 s, so which ranks are behind is unknown");
   EXPECT_LT(took, std::chrono::seconds(5));
@@ -144,7 +152,7 @@ TEST(TraceCulprit, AStoreThatNeverAnswersIsSaidSoWithinFiveSeconds) {
 TEST(TraceCulprit, AStoreThatFailsIsNamedWithItsError) {
   auto rec = std::make_shared<Recorder>(comms::trace::CommInfo{"w", 0, 2, "ns", std::make_shared<BrokenStore>(false)}, 8);
   rec->issued(op(1));
-  const std::string text = comms::trace::find_culprit(rec, 1);
+  const std::string text = comms::trace::find_culprit(rec, 1, comms::plugin::OpType::kAllReduce);
   EXPECT_NE(text.find("could not ask the store how far the other ranks got: "), std::string::npos) << text;
   EXPECT_NE(text.find("store connection refused"), std::string::npos) << text;
 }
