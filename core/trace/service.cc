@@ -42,7 +42,8 @@ struct Registry {
   std::atomic<bool> stopping{false};
   std::vector<std::weak_ptr<Recorder>> recorders;
   bool watcher_started = false;
-  int wake_fds[2] = {-1, -1};
+  // The self-pipe: atomics, as the signal handler may run on any thread.
+  std::atomic<int> wake_read{-1}, wake_write{-1};
 };
 
 Registry& registry() {
@@ -66,7 +67,7 @@ std::vector<std::shared_ptr<Recorder>> live() {
 void on_sigusr1(int) {
   const int saved = errno;
   const char byte = 'U';
-  [[maybe_unused]] ssize_t n = ::write(registry().wake_fds[1], &byte, 1);
+  [[maybe_unused]] ssize_t n = ::write(registry().wake_write.load(), &byte, 1);
   errno = saved;
 }
 
@@ -121,7 +122,7 @@ void answer_requests(std::map<Store*, StoreWatch>& watches) {
 void watch() {
   std::map<Store*, StoreWatch> watches;
   Registry& reg = registry();
-  const int fd = reg.wake_fds[0];
+  const int fd = reg.wake_read.load();
   while (!reg.stopping.load()) {
     pollfd p{fd, POLLIN, 0};
     const int n = ::poll(&p, 1, static_cast<int>(kPollPeriod.count()));
@@ -144,10 +145,13 @@ void stop_watcher() {
 
 void start_watcher(Registry& reg) {
   if (reg.watcher_started) return;
-  if (::pipe2(reg.wake_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     log::warning("comms trace: no pipe for the watcher thread; other ranks' timeouts will not name this rank's progress");
     return;
   }
+  reg.wake_read = fds[0];
+  reg.wake_write = fds[1];
   reg.watcher_started = true;
   std::atexit(stop_watcher);
   install_sigusr1();
