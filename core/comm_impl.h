@@ -21,6 +21,7 @@
 #include "comm/plugin_call.h"
 #include "init_progress.h"
 #include "plugin_registry.h"
+#include "trace/recorder.h"
 #include "validate.h"
 
 namespace comms {
@@ -130,6 +131,11 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
 
   [[noreturn]] void fail_op(plugin::OpType type, uint64_t seq, const Status& status,
                             DeviceType device_type);
+  // The Error of a failed op: recorded, a timeout's message names the ranks
+  // behind (trace::find_culprit), and a fatal one fails the backend (on_fatal).
+  Error op_error(plugin::OpType type, uint64_t seq, Status status, DeviceType device_type);
+  // The comm's flight recorder (never null).
+  trace::Recorder& recorder() const { return *recorder_; }
   Error make_error(plugin::OpType type, uint64_t seq, const Status& status) const;
   // Marks the backend failed after a fatal op error; honours
   // abort_process_on_error.
@@ -179,6 +185,10 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   void split_backends(const Config& child, const std::vector<int>& members, Impl* impl,
                       std::array<std::unique_ptr<plugin::Backend>, kNumDeviceTypes>* backends,
                       std::array<const internal::LoadedPlugin*, kNumDeviceTypes>* plugins);
+  trace::OpRecord op_record(const plugin::OpDesc& d, DeviceType t) const;
+  // COMMS_DEBUG=detail: throws unless every rank called the same collective.
+  void check_same_args(const trace::OpRecord& r, const internal::OpArgs& args, std::chrono::milliseconds timeout,
+                       DeviceType t);
   plugin::OpDesc op_desc(const internal::OpArgs& args, const OpOptions& opts, const internal::Checked& c,
                          const Slot& s, uint64_t seq) const;
   // Which backend runs the op; throws when it cannot run ops.
@@ -195,6 +205,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   mutable std::mutex config_mu_;
   std::atomic<uint64_t> seq_{0};
   bool finalized_ = false;
+  std::shared_ptr<trace::Recorder> recorder_;
 };
 
 namespace internal {

@@ -8,11 +8,14 @@ namespace comms::cpu_algorithms {
 class Collectives::Op {
  public:
   explicit Op(Collectives& c)
-      : deadline(Clock::now() + std::chrono::milliseconds(c.timeout_ms_.load(std::memory_order_relaxed))), t_(c.t_) {}
+      : deadline(Clock::now() + std::chrono::milliseconds(c.timeout_ms_.load(std::memory_order_relaxed))),
+        number(++c.ops_),
+        t_(c.t_) {}
   ~Op() { t_.op_done(); }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
   const Clock::time_point deadline;
+  const uint64_t number;  // the same on every rank: they run the same ops
 
  private:
   Transport& t_;
@@ -20,6 +23,23 @@ class Collectives::Op {
 
 namespace {
 Region user(const void* p, size_t bytes) { return {const_cast<void*>(p), bytes, false}; }
+
+// Starts every exchange message: a receiver that finds another length knows
+// the sender passed a different count (the transport itself does not say
+// how long a message was). The op number tells a header left by an earlier
+// op from this one's.
+struct Header {
+  uint64_t bytes;
+  uint64_t op;
+};
+static_assert(sizeof(Header) == Collectives::kHeaderBytes);
+
+// Every block starts at a multiple of the largest one, whatever the count:
+// so a receiver finds the header of a peer that passed another count.
+size_t slot_bytes(int size) {
+  const size_t raw = kExchangeMaxBytes / static_cast<size_t>(size) + Collectives::kHeaderBytes;
+  return (raw + 63) / 64 * 64;
+}
 }  // namespace
 
 Collectives::Collectives(Transport& transport, std::chrono::milliseconds timeout)
@@ -29,42 +49,77 @@ Collectives::Collectives(Transport& transport, std::chrono::milliseconds timeout
       size_(transport.size()),
       left_((rank_ + size_ - 1) % size_),
       right_((rank_ + 1) % size_),
-      inbox_(kExchangeMaxBytes),
-      outbox_(kExchangeMaxBytes),
+      slot_(slot_bytes(size_)),
+      inbox_(slot_ * static_cast<size_t>(size_)),
+      outbox_(slot_ * static_cast<size_t>(size_)),
       broadcast_(kSyncPathMaxBytes),
       tokens_(static_cast<size_t>(size_) + 1),
       staging_(kPieceBytes) {}
 
-void Collectives::post(const Op& op, int peer, size_t offset, size_t bytes) {
-  t_.send(peer, Channel::kExchange, own(outbox_), offset, bytes, static_cast<size_t>(rank_) * bytes, op.deadline);
+void Collectives::fill(const Op& op, const void* in, size_t bytes, int blocks) {
+  const Header header{bytes, op.number};
+  for (int b = 0; b < blocks; ++b) {
+    unsigned char* dst = outbox_.data() + static_cast<size_t>(b) * slot_;
+    std::memcpy(dst, &header, sizeof header);
+    std::memcpy(dst + kHeaderBytes, static_cast<const unsigned char*>(in) + static_cast<size_t>(b) * bytes, bytes);
+  }
+}
+
+void Collectives::post(const Op& op, int peer, int block, size_t bytes) {
+  t_.send(peer, Channel::kExchange, own(outbox_), static_cast<size_t>(block) * slot_, kHeaderBytes + bytes,
+          static_cast<size_t>(rank_) * slot_, op.deadline);
 }
 
 void Collectives::take(const Op& op, int peer, size_t bytes) {
-  t_.recv(peer, Channel::kExchange, own(inbox_), static_cast<size_t>(peer) * bytes, bytes, op.deadline);
+  t_.recv(peer, Channel::kExchange, own(inbox_), static_cast<size_t>(peer) * slot_, kHeaderBytes + bytes,
+          op.deadline);
 }
 
-const unsigned char* Collectives::block(int r, size_t bytes, size_t own_offset) const {
-  return r == rank_ ? outbox_.data() + own_offset : inbox_.data() + static_cast<size_t>(r) * bytes;
+void Collectives::check_lengths(const Op& op, size_t bytes, int only_peer) const {
+  std::string differing;
+  int first = -1;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || (only_peer >= 0 && p != only_peer)) continue;
+    Header t;
+    std::memcpy(&t, inbox_.data() + static_cast<size_t>(p) * slot_, sizeof t);
+    if (t.bytes == bytes && t.op == op.number) continue;
+    if (first < 0) first = p;
+    differing += (differing.empty() ? "rank " : ", rank ") + std::to_string(p) +
+                 (t.op == op.number ? " sent " + std::to_string(t.bytes) : " sent a message of another op");
+  }
+  if (first < 0) return;
+  throw CountMismatch(first, "ranks passed different counts: rank " + std::to_string(rank_) + " expects " +
+                                 std::to_string(bytes) + " bytes from each peer, " + differing +
+                                 " (every rank must pass the same count and dtype)");
 }
 
-void Collectives::reduce_blocks(void* out, size_t count, size_t es, ReduceFn fn, size_t own_offset) const {
+const unsigned char* Collectives::block(int r, size_t bytes, int own_block) const {
+  (void)bytes;
+  return (r == rank_ ? outbox_.data() + static_cast<size_t>(own_block) * slot_
+                     : inbox_.data() + static_cast<size_t>(r) * slot_) +
+         kHeaderBytes;
+}
+
+void Collectives::reduce_blocks(void* out, size_t count, size_t es, ReduceFn fn, int own_block) const {
   // Rank order, whatever this rank's own: the same bits everywhere.
   const size_t bytes = count * es;
-  fn(out, block(0, bytes, own_offset), block(1, bytes, own_offset), count);
-  for (int r = 2; r < size_; ++r) fn(out, out, block(r, bytes, own_offset), count);
+  fn(out, block(0, bytes, own_block), block(1, bytes, own_block), count);
+  for (int r = 2; r < size_; ++r) fn(out, out, block(r, bytes, own_block), count);
 }
 
 // Every exchange writes to all peers first, then reads: the writes, at most
 // kExchangeMaxBytes per peer, fit the transport's buffering, so none blocks
 // on a peer that is itself writing. Peers are visited starting with the
-// right neighbour so that not every rank writes to rank 0 first.
+// right neighbour so that not every rank writes to rank 0 first. Lengths are
+// checked once every message is read, so a mismatch leaves no message unread.
 // blocks_per_peer: outbox_ holds one block per rank (peer p gets block p).
 void Collectives::exchange_all(const Op& op, size_t bytes, bool blocks_per_peer) {
   for (int k = 1; k < size_; ++k) {
     const int p = (rank_ + k) % size_;
-    post(op, p, blocks_per_peer ? static_cast<size_t>(p) * bytes : 0, bytes);
+    post(op, p, blocks_per_peer ? p : 0, bytes);
   }
   for (int k = 1; k < size_; ++k) take(op, (rank_ - k + size_) % size_, bytes);
+  check_lengths(op, bytes);
 }
 
 void Collectives::all_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
@@ -75,7 +130,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, size_t es,
     return;
   }
   if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring(op, in, out, count, es, fn);
-  std::memcpy(outbox_.data(), in, bytes);
+  fill(op, in, bytes, 1);
   exchange_all(op, bytes, false);
   reduce_blocks(out, count, es, fn, 0);
 }
@@ -88,16 +143,17 @@ void Collectives::reduce(const void* in, void* out, size_t count, size_t es, Red
     return;
   }
   if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring_reduce(op, in, out, count, es, fn, root);
-  std::memcpy(outbox_.data(), in, bytes);
+  fill(op, in, bytes, 1);
   if (rank_ != root) return post(op, root, 0, bytes);
   for (int k = 1; k < size_; ++k) take(op, (rank_ - k + size_) % size_, bytes);
+  check_lengths(op, bytes);
   reduce_blocks(out, count, es, fn, 0);
 }
 
 void Collectives::all_gather(const void* in, void* out, size_t bytes) {
   const Op op(*this);
   if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring_all_gather(op, in, out, bytes);
-  std::memcpy(outbox_.data(), in, bytes);
+  fill(op, in, bytes, 1);
   exchange_all(op, bytes, false);
   auto* o = static_cast<unsigned char*>(out);
   for (int r = 0; r < size_; ++r) std::memmove(o + static_cast<size_t>(r) * bytes, block(r, bytes, 0), bytes);
@@ -114,25 +170,25 @@ void Collectives::reduce_scatter(const void* in, void* out, size_t count, size_t
     // Segment k is rank k's block.
     return ring_reduce_scatter(op, in, out, Layout(count * static_cast<size_t>(size_), es, size_), fn);
   }
-  std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
+  fill(op, in, bytes, size_);
   exchange_all(op, bytes, true);  // each peer gets the block it reduces
-  reduce_blocks(out, count, es, fn, static_cast<size_t>(rank_) * bytes);
+  reduce_blocks(out, count, es, fn, rank_);
 }
 
 void Collectives::all_to_all(const void* in, void* out, size_t bytes) {
   const Op op(*this);
-  std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
+  fill(op, in, bytes, size_);
   exchange_all(op, bytes, true);
   auto* o = static_cast<unsigned char*>(out);
-  const size_t own_block = static_cast<size_t>(rank_) * bytes;
-  for (int r = 0; r < size_; ++r) std::memcpy(o + static_cast<size_t>(r) * bytes, block(r, bytes, own_block), bytes);
+  for (int r = 0; r < size_; ++r) std::memcpy(o + static_cast<size_t>(r) * bytes, block(r, bytes, rank_), bytes);
 }
 
 void Collectives::gather(const void* in, void* out, size_t bytes, int root) {
   const Op op(*this);
-  std::memcpy(outbox_.data(), in, bytes);
+  fill(op, in, bytes, 1);
   if (rank_ != root) return post(op, root, 0, bytes);
   for (int k = 1; k < size_; ++k) take(op, (rank_ - k + size_) % size_, bytes);
+  check_lengths(op, bytes);
   auto* o = static_cast<unsigned char*>(out);
   for (int r = 0; r < size_; ++r) std::memmove(o + static_cast<size_t>(r) * bytes, block(r, bytes, 0), bytes);
 }
@@ -140,16 +196,17 @@ void Collectives::gather(const void* in, void* out, size_t bytes, int root) {
 void Collectives::scatter(const void* in, void* out, size_t bytes, int root) {
   const Op op(*this);
   if (rank_ == root) {
-    std::memcpy(outbox_.data(), in, bytes * static_cast<size_t>(size_));
+    fill(op, in, bytes, size_);
     for (int k = 1; k < size_; ++k) {
       const int p = (rank_ + k) % size_;
-      post(op, p, static_cast<size_t>(p) * bytes, bytes);
+      post(op, p, p, bytes);
     }
-    std::memmove(out, outbox_.data() + static_cast<size_t>(rank_) * bytes, bytes);
+    std::memmove(out, block(rank_, bytes, rank_), bytes);
     return;
   }
   take(op, root, bytes);
-  std::memcpy(out, inbox_.data() + static_cast<size_t>(root) * bytes, bytes);
+  check_lengths(op, bytes, root);
+  std::memcpy(out, block(root, bytes, 0), bytes);
 }
 
 void Collectives::broadcast(const void* in, void* out, size_t bytes, int root) {

@@ -24,6 +24,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,9 +35,24 @@
 
 namespace comms::cpu_algorithms {
 
+// A peer's exchange message had another length than this rank's count
+// gives: the ranks passed different counts (an invalid argument).
+class CountMismatch : public std::runtime_error {
+ public:
+  CountMismatch(int peer, const std::string& what) : std::runtime_error(what), peer_(peer) {}
+  int peer() const { return peer_; }  // the first differing peer
+
+ private:
+  int peer_;
+};
+
 class Collectives {
  public:
   static constexpr size_t kPieceBytes = 128 * 1024;
+  // Each exchange message starts with its length and op number (16 bytes),
+  // so a receiver detects a peer that passed another count (CountMismatch).
+  // The ring, broadcast and barrier paths have no such check.
+  static constexpr size_t kHeaderBytes = 16;
 
   // The transport must outlive this object.
   Collectives(Transport& transport, std::chrono::milliseconds timeout);
@@ -63,13 +80,20 @@ class Collectives {
  private:
   class Op;  // the deadline of one op; tells the transport when it is done
   Region own(std::vector<unsigned char>& v) { return {v.data(), v.size(), true}; }
-  // Sends outbox_[offset, offset + bytes) to peer's inbox at this rank's
-  // block (rank * bytes), and receives peer's block into inbox_.
-  void post(const Op& op, int peer, size_t offset, size_t bytes);
+  // Copies `blocks` blocks of `in` into outbox_, each after its header;
+  // block b starts at b * slot_ (the largest block and a header, whatever
+  // this op's count).
+  void fill(const Op& op, const void* in, size_t bytes, int blocks);
+  // Sends outbox_'s block `block` to peer's inbox at this rank's block, and
+  // receives peer's block into inbox_.
+  void post(const Op& op, int peer, int block, size_t bytes);
   void take(const Op& op, int peer, size_t bytes);
-  // Block r of the exchange: inbox_'s, or this rank's own copy in outbox_.
-  const unsigned char* block(int r, size_t bytes, size_t own_offset) const;
-  void reduce_blocks(void* out, size_t count, size_t es, ReduceFn fn, size_t own_offset) const;
+  // Throws CountMismatch naming every peer (or only_peer) whose block in
+  // inbox_ does not start with this op's header for `bytes`.
+  void check_lengths(const Op& op, size_t bytes, int only_peer = -1) const;
+  // Block r of the exchange: inbox_'s, or this rank's own block in outbox_.
+  const unsigned char* block(int r, size_t bytes, int own_block) const;
+  void reduce_blocks(void* out, size_t count, size_t es, ReduceFn fn, int own_block) const;
   void exchange_all(const Op& op, size_t bytes, bool blocks_per_peer);
 
   // The ring's cut of `count` elements into segments and pieces.
@@ -89,7 +113,9 @@ class Collectives {
 
   Transport& t_;
   std::atomic<int64_t> timeout_ms_;
+  uint64_t ops_ = 0;  // numbers this rank's ops (Op::number)
   int rank_, size_, left_, right_;
+  size_t slot_;
   std::vector<unsigned char> inbox_, outbox_, broadcast_, tokens_, staging_;
   std::vector<unsigned char> partials_;  // ring reduce-scatter's partial sums, grown on demand
   std::vector<unsigned char> segment_;   // a non-root's reduced segment in a ring reduce

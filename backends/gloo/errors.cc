@@ -6,7 +6,7 @@
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 
-#include "transport.h"
+#include "collectives.h"
 
 namespace comms::gloo_backend {
 namespace {
@@ -52,6 +52,9 @@ int peer_named_in(const std::string& message, const std::vector<std::pair<sockad
 
 Status classify_error(const std::exception& e, const ErrorContext& ctx) {
   const std::string what = e.what();
+  if (const auto* m = dynamic_cast<const cpu_algorithms::CountMismatch*>(&e)) {
+    return {ErrorCode::kInvalidArgument, what, m->peer()};
+  }
   if (const auto* t = dynamic_cast<const cpu_algorithms::TransportError*>(&e)) {
     const int peer = t->peer() >= 0 ? t->peer() : ctx.peer;
     if (ctx.aborted || t->kind() == cpu_algorithms::TransportError::Kind::kAborted) {

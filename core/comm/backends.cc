@@ -1,6 +1,7 @@
 // A comm's backend slots: creating each backend, connecting it (eagerly or
 // before its first op), and the message prefix every error of the comm uses.
 #include "comm_impl.h"
+#include "trace/service.h"
 #include "exit_guard.h"
 #include "log.h"
 #include "strutil.h"
@@ -13,7 +14,12 @@ std::string internal::comm_prefix(std::string_view name, int rank, int size) {
   return str::cat("comms[", name, " rank ", rank, "/", size, "]");
 }
 
-Comm::Impl::Impl(Config config) : config_(std::move(config)) { internal::track_live_comm(this); }
+Comm::Impl::Impl(Config config)
+    : config_(std::move(config)),
+      recorder_(trace::register_comm(
+          {config_.name, config_.rank, config_.size, config_.rendezvous_ns, config_.store})) {
+  internal::track_live_comm(this);
+}
 
 Comm::Impl::~Impl() {
   internal::untrack_live_comm(this);
@@ -162,6 +168,12 @@ void Comm::Impl::flush_barrier(DeviceType t) {
   d.seq = ++seq_;
   d.device = s.device;
   d.timeout = config_.init_timeout;
+  trace::OpRecord record;  // recorded like any op, so the ring has no gap at #1
+  record.seq = d.seq;
+  record.op = OpType::kBarrier;
+  record.device = t;
+  record.issued_ns = trace::now_ns();
+  recorder_->issued(record);
   std::unique_ptr<plugin::Work> work;
   Status st = internal::call_plugin(s.plugin->name, "submit", [&] { return s.backend->submit(d, &work); });
   if (st.is_ok() && work) {
@@ -171,6 +183,7 @@ void Comm::Impl::flush_barrier(DeviceType t) {
     st.message = str::cat("flush barrier after binding ", s.device.to_string(), ": ", st.message);
     fail_op(OpType::kBarrier, d.seq, st, t);
   }
+  recorder_->completed(d.seq, OpType::kBarrier);
 }
 
 }  // namespace comms

@@ -1,6 +1,7 @@
 // A comm's life after creation: run-time timeouts and hints, abort,
 // finalize, and offloading/reloading one backend.
 #include "comm_impl.h"
+#include "trace/service.h"
 #include "log.h"
 #include "strutil.h"
 
@@ -49,6 +50,7 @@ void Comm::Impl::abort(const std::string& reason) {
     });
     if (!called.is_ok()) log::error(str::cat(prefix(), " abort: ", called.message));
   }
+  trace::dump(*recorder_, str::cat("abort: ", reason));
 }
 
 void Comm::Impl::finalize() {

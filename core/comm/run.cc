@@ -6,6 +6,7 @@
 #include "comm_impl.h"
 #include "log.h"
 #include "strutil.h"
+#include "trace/service.h"
 
 namespace comms {
 
@@ -16,6 +17,10 @@ namespace {
 bool reduces(OpType t) {
   return t == OpType::kAllReduce || t == OpType::kReduce || t == OpType::kReduceScatter ||
          t == OpType::kReduceScatterV;
+}
+
+bool has_root(OpType t) {
+  return t == OpType::kReduce || t == OpType::kBroadcast || t == OpType::kGather || t == OpType::kScatter;
 }
 
 bool is_p2p(OpType t) { return t == OpType::kSend || t == OpType::kRecv || t == OpType::kBatchP2P; }
@@ -39,6 +44,7 @@ void Comm::Impl::on_fatal(DeviceType t, const Error& error) {
       s.state = BackendState::kFailed;
       // Tell the peers at once (they see this rank as failed) instead of
       // letting each of them wait for its own timeout.
+      trace::dump(*recorder_, error.what());
       if (s.backend) {
         const Status st = internal::call_plugin(s.plugin->name, "abort", [&] {
           s.backend->abort(error.what());
@@ -54,10 +60,19 @@ void Comm::Impl::on_fatal(DeviceType t, const Error& error) {
   }
 }
 
-void Comm::Impl::fail_op(OpType type, uint64_t seq, const Status& status, DeviceType t) {
+Error Comm::Impl::op_error(OpType type, uint64_t seq, Status status, DeviceType t) {
+  recorder_->failed(seq, status.code, status.peer);
+  if (status.code == ErrorCode::kTimeout) {
+    const std::string culprit = trace::find_culprit(recorder_, seq, type);
+    if (!culprit.empty()) str::append(status.message, "; ", culprit);
+  }
   Error e = make_error(type, seq, status);
   if (detail::is_fatal(status.code)) on_fatal(t, e);
-  throw e;
+  return e;
+}
+
+void Comm::Impl::fail_op(OpType type, uint64_t seq, const Status& status, DeviceType t) {
+  throw op_error(type, seq, status, t);
 }
 
 DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::Checked& c) const {
@@ -126,6 +141,35 @@ plugin::OpDesc Comm::Impl::op_desc(const internal::OpArgs& args, const OpOptions
   return d;
 }
 
+trace::OpRecord Comm::Impl::op_record(const plugin::OpDesc& d, DeviceType t) const {
+  trace::OpRecord r;
+  r.seq = d.seq;
+  r.op = d.type;
+  r.dtype = d.dtype;
+  r.reduction = d.reduce.kind;
+  r.device = t;
+  r.async = d.async;
+  r.root = has_root(d.type) ? d.root : -1;
+  r.peer = d.type == OpType::kSend || d.type == OpType::kRecv ? d.peer : -1;
+  r.count = d.count;
+  r.issued_ns = recorder_->capacity() ? trace::now_ns() : 0;  // off: no clock read
+  return r;
+}
+
+void Comm::Impl::check_same_args(const trace::OpRecord& r, const internal::OpArgs& args,
+                                 std::chrono::milliseconds timeout, DeviceType t) {
+  // The lists every rank passes alike; all_to_all_v's differ by design.
+  std::string counts;
+  if (args.type == OpType::kAllGatherV || args.type == OpType::kReduceScatterV) {
+    for (size_t i = 0; i < args.counts.size(); ++i) str::append(counts, i ? "," : "", args.counts[i]);
+  }
+  const Status st = trace::check_same_args(*recorder_, r, counts, timeout);
+  if (st.is_ok()) return;
+  Error e = op_error(r.op, r.seq, st, t);
+  if (!detail::is_fatal(st.code)) trace::dump(*recorder_, e.what());
+  throw e;
+}
+
 Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   internal::Checked c;
   Status st = internal::validate(args, config_.rank, config_.size, &c);
@@ -143,9 +187,13 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   }
   Slot& s = slot(t);
   const uint64_t seq = ++seq_;
-  ensure_ready(s, t, args.type, seq);
-
   plugin::OpDesc d = op_desc(args, opts, c, s, seq);
+  const trace::OpRecord record = op_record(d, t);
+  recorder_->issued(record);
+  ensure_ready(s, t, args.type, seq);
+  if (trace::detail_checks() && !is_p2p(args.type)) check_same_args(record, args, d.timeout, t);
+  recorder_->started(seq);
+
   std::vector<void*> output_list;
   if (args.type == OpType::kAllGatherList) {
     output_list.reserve(args.outputs.size());
@@ -165,12 +213,16 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   std::unique_ptr<plugin::Work> work;
   st = internal::call_plugin(s.plugin->name, "submit", [&] { return s.backend->submit(d, &work); });
   if (!st.is_ok()) fail_op(args.type, seq, st, t);
-  if (!work) return Work();
+  if (!work) {
+    recorder_->completed(seq, args.type);
+    return Work();
+  }
   if (opts.async) {
     return Work(std::make_shared<detail::WorkState>(shared_from_this(), std::move(work), args.type, seq, t));
   }
   st = internal::call_plugin(s.plugin->name, "wait", [&] { return work->wait(WaitMode::kStream); });
   if (!st.is_ok()) fail_op(args.type, seq, st, t);
+  recorder_->completed(seq, args.type);
   return Work();
 }
 

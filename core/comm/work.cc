@@ -31,8 +31,9 @@ std::optional<Error> WorkState::wait(WaitMode mode) {
   // still be running and may still fail, so the Work stays open.
   if (st.is_ok() && mode == WaitMode::kStream && !plugin_says_completed()) return std::nullopt;
   if (!st.is_ok()) {
-    error_ = comm_->make_error(type_, seq_, st);
-    if (is_fatal(st.code)) comm_->on_fatal(device_type_, *error_);
+    error_ = comm_->op_error(type_, seq_, st, device_type_);
+  } else {
+    comm_->recorder().completed(seq_, type_);
   }
   done_.store(true, std::memory_order_release);
   return error_;

@@ -13,6 +13,7 @@
 #include "comms/info.h"
 #include "comms/options.h"
 #include "comms/store.h"
+#include "comms/trace.h"
 #include "comms/types.h"
 #include "comms/work.h"
 

@@ -11,11 +11,11 @@ import re
 import subprocess
 import sys
 
-INTERNAL = re.compile(r"comms::(internal|str|detail|env)::|comms::Comm::Impl\b|comms::TcpStoreServer::Impl\b")
+INTERNAL = re.compile(r"comms::(internal|str|detail|env|trace)::|comms::Comm::Impl\b|comms::TcpStoreServer::Impl\b")
 # The API itself must still be there (a library exporting nothing passes
 # the check above too).
 REQUIRED = ["comms::new_comm(", "comms::Comm::all_reduce(", "comms::dist::init_process_group(",
-            "comms::list_plugins()", "comms::explain_hints("]
+            "comms::list_plugins()", "comms::explain_hints(", "comms::dump_traces()"]
 
 
 def own_name(symbol):

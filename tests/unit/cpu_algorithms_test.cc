@@ -38,6 +38,7 @@ class Network {
   std::condition_variable cv;
   std::map<std::tuple<int, int, Channel>, std::deque<Message>> queues;  // (from, to, channel)
   bool aborted = false;
+  bool lengths_may_differ = false;  // a test of ranks passing different counts
   int messages = 0;
 
  private:
@@ -71,7 +72,7 @@ class FakeTransport final : public Transport {
     if (net_.aborted) throw TransportError(TransportError::Kind::kAborted, peer, "aborted");
     Network::Message m = std::move(q.front());
     q.pop_front();
-    EXPECT_EQ(m.bytes.size(), len) << "rank " << rank_ << " from " << peer;
+    if (!net_.lengths_may_differ) EXPECT_EQ(m.bytes.size(), len) << "rank " << rank_ << " from " << peer;
     EXPECT_EQ(m.dst_offset, dst_offset) << "the two ends disagree on where a message lands";
     EXPECT_LE(dst_offset + len, dst.bytes) << "receive past its region";
     std::memcpy(static_cast<unsigned char*>(dst.base) + dst_offset, m.bytes.data(), std::min(len, m.bytes.size()));
@@ -329,6 +330,39 @@ TEST(CpuAlgorithms, AbortWakesARankWaitingOnAPeer) {
   }
   aborter.join();
   EXPECT_LT(Clock::now() - start, 10s);
+}
+
+// Rank 1 passes fewer elements: every rank gets CountMismatch naming the
+// byte counts, no message is left unread, and the next op works.
+TEST(CpuAlgorithms, RanksPassingDifferentCountsToTheExchangeAllFailWithTheCounts) {
+  Network net(3);
+  net.lengths_may_differ = true;
+  std::vector<std::string> errors(3);
+  std::vector<int32_t> after(3, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      FakeTransport t(net, r);
+      Collectives c(t, 10s);
+      std::vector<int32_t> x(1024, 1);
+      try {
+        c.all_reduce(x.data(), x.data(), r == 1 ? 1000 : 1024, sizeof(int32_t), reduce_fn(DataType::kInt32, ReduceKind::kSum));
+      } catch (const CountMismatch& e) {
+        errors[r] = e.what();
+      }
+      std::vector<int32_t> y(8, r + 1);
+      c.all_reduce(y.data(), y.data(), 8, sizeof(int32_t), reduce_fn(DataType::kInt32, ReduceKind::kSum));
+      after[r] = y[7];
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(errors[0].find("rank 0 expects 4096 bytes from each peer, rank 1 sent 4000"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank 1 expects 4000 bytes from each peer, rank 0 sent 4096, rank 2 sent 4096"),
+            std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[2].find("rank 2 expects 4096 bytes from each peer, rank 1 sent 4000"), std::string::npos) << errors[2];
+  EXPECT_EQ(after, std::vector<int32_t>(3, 6));
+  for (const auto& [key, q] : net.queues) EXPECT_TRUE(q.empty()) << "a message nobody received";
 }
 
 TEST(CpuAlgorithms, TheExchangeAndTheRingSplitWhereAlgorithmForSays) {

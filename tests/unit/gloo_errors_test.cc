@@ -20,7 +20,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "errors.h"
-#include "transport.h"
+#include "collectives.h"  // CountMismatch; includes transport.h
 
 namespace comms::gloo_backend {
 namespace {
@@ -55,6 +55,13 @@ TEST(GlooErrors, AnEnforceCheckIsInternalAndAStatusOfTheTransportKeepsItsKindAnd
   const Status a = classify_error(::gloo::IoException("Connection closed by peer"), aborted);
   EXPECT_EQ(a.code, ErrorCode::kAborted);
   EXPECT_NE(a.message.find("stop"), std::string::npos) << a.message;
+}
+
+TEST(GlooErrors, ACountMismatchOfTheExchangeIsAnInvalidArgumentNamingThePeer) {
+  const Status s = classify_error(cpu_algorithms::CountMismatch(2, "rank 0 expects 4096 bytes, rank 2 sent 4000"), {});
+  EXPECT_EQ(s.code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s.peer, 2);
+  EXPECT_EQ(s.message, "rank 0 expects 4096 bytes, rank 2 sent 4000");
 }
 
 TEST(GlooErrors, TheMessageNamesThePeerByItsEndpoint) {

@@ -1,0 +1,169 @@
+#include "trace/recorder.h"
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "env.h"
+
+namespace comms::trace {
+
+std::string_view to_string(OpState s) {
+  switch (s) {
+    case OpState::kIssued: return "issued";
+    case OpState::kStarted: return "started";
+    case OpState::kCompleted: return "completed";
+    case OpState::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+size_t configured_capacity() {
+  static const size_t capacity = static_cast<size_t>(env::get_int("COMMS_TRACE_BUFFER", 2000, 0, 1 << 24));
+  return capacity;
+}
+
+Recorder::Recorder(CommInfo info, size_t capacity)
+    : info_(std::move(info)), capacity_(capacity), slots_(capacity ? new Slot[capacity] : nullptr) {}
+
+Recorder::Slot* Recorder::slot_of(uint64_t seq) const {
+  if (capacity_ == 0) return nullptr;
+  return &slots_[seq % capacity_];
+}
+
+void Recorder::issued(const OpRecord& r) {
+  last_entered_.store(r.seq, std::memory_order_relaxed);
+  last_entered_op_.store(static_cast<uint8_t>(r.op), std::memory_order_relaxed);
+  Slot* s = slot_of(r.seq);
+  if (!s) return;
+  s->seq.store(0, std::memory_order_relaxed);  // readers skip the slot while it changes
+  std::atomic_thread_fence(std::memory_order_release);
+  s->count.store(r.count, std::memory_order_relaxed);
+  s->kinds.store(static_cast<uint32_t>(r.op) | static_cast<uint32_t>(r.dtype) << 8 |
+                     static_cast<uint32_t>(r.reduction) << 16 | static_cast<uint32_t>(r.device) << 24,
+                 std::memory_order_relaxed);
+  s->root.store(r.root, std::memory_order_relaxed);
+  s->peer.store(r.peer, std::memory_order_relaxed);
+  s->issued_ns.store(r.issued_ns, std::memory_order_relaxed);
+  s->started_ns.store(0, std::memory_order_relaxed);
+  s->ended_ns.store(0, std::memory_order_relaxed);
+  s->async.store(r.async, std::memory_order_relaxed);
+  s->state.store(static_cast<uint8_t>(OpState::kIssued), std::memory_order_relaxed);
+  s->error.store(0, std::memory_order_relaxed);
+  s->seq.store(r.seq, std::memory_order_release);
+}
+
+void Recorder::started(uint64_t seq) {
+  Slot* s = slot_of(seq);
+  if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
+  s->started_ns.store(now_ns(), std::memory_order_relaxed);
+  s->state.store(static_cast<uint8_t>(OpState::kStarted), std::memory_order_release);
+}
+
+void Recorder::completed(uint64_t seq, plugin::OpType op) {
+  // Ops complete in order on a comm, except async ones waited out of order.
+  uint64_t prev = last_completed_.load(std::memory_order_relaxed);
+  while (prev < seq && !last_completed_.compare_exchange_weak(prev, seq, std::memory_order_relaxed)) {
+  }
+  if (prev < seq) last_completed_op_.store(static_cast<uint8_t>(op), std::memory_order_relaxed);
+  Slot* s = slot_of(seq);
+  if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
+  if (s->started_ns.load(std::memory_order_relaxed) == 0) s->started_ns.store(now_ns(), std::memory_order_relaxed);
+  s->ended_ns.store(now_ns(), std::memory_order_relaxed);
+  s->state.store(static_cast<uint8_t>(OpState::kCompleted), std::memory_order_release);
+}
+
+void Recorder::failed(uint64_t seq, ErrorCode code, int peer) {
+  Slot* s = slot_of(seq);
+  if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
+  s->ended_ns.store(now_ns(), std::memory_order_relaxed);
+  s->error.store(static_cast<uint8_t>(code), std::memory_order_relaxed);
+  if (peer >= 0) s->peer.store(peer, std::memory_order_relaxed);
+  s->state.store(static_cast<uint8_t>(OpState::kFailed), std::memory_order_release);
+}
+
+bool Recorder::read(const Slot& s, OpRecord* out) const {
+  const uint64_t seq = s.seq.load(std::memory_order_acquire);
+  if (seq == 0) return false;
+  OpRecord r;
+  r.seq = seq;
+  r.state = static_cast<OpState>(s.state.load(std::memory_order_acquire));
+  r.count = s.count.load(std::memory_order_relaxed);
+  const uint32_t kinds = s.kinds.load(std::memory_order_relaxed);
+  r.op = static_cast<plugin::OpType>(kinds & 0xff);
+  r.dtype = static_cast<DataType>((kinds >> 8) & 0xff);
+  r.reduction = static_cast<ReduceKind>((kinds >> 16) & 0xff);
+  r.device = static_cast<DeviceType>((kinds >> 24) & 0xff);
+  r.root = s.root.load(std::memory_order_relaxed);
+  r.peer = s.peer.load(std::memory_order_relaxed);
+  r.issued_ns = s.issued_ns.load(std::memory_order_relaxed);
+  r.started_ns = s.started_ns.load(std::memory_order_relaxed);
+  r.ended_ns = s.ended_ns.load(std::memory_order_relaxed);
+  r.async = s.async.load(std::memory_order_relaxed) != 0;
+  r.error = static_cast<ErrorCode>(s.error.load(std::memory_order_relaxed));
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (s.seq.load(std::memory_order_relaxed) != seq) return false;  // rewritten while read
+  *out = r;
+  return true;
+}
+
+std::vector<OpRecord> Recorder::snapshot() const {
+  std::vector<OpRecord> out;
+  const uint64_t last = last_entered();
+  if (capacity_ == 0 || last == 0) return out;
+  const uint64_t first = last >= capacity_ ? last - capacity_ + 1 : 1;
+  out.reserve(static_cast<size_t>(last - first + 1));
+  for (uint64_t seq = first; seq <= last; ++seq) {
+    OpRecord r;
+    if (read(*slot_of(seq), &r) && r.seq == seq) out.push_back(r);
+  }
+  return out;
+}
+
+bool Recorder::find(uint64_t seq, OpRecord* out) const {
+  if (seq == 0 || capacity_ == 0) return false;
+  return read(*slot_of(seq), out) && out->seq == seq;
+}
+
+std::string Recorder::to_json(const std::string& reason) const {
+  // Steady times become wall-clock microseconds since the epoch.
+  const int64_t wall_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
+  const int64_t offset_us = wall_us - now_ns() / 1000;
+  auto wall = [&](int64_t ns) -> nlohmann::json { return ns ? nlohmann::json(ns / 1000 + offset_us) : nullptr; };
+  nlohmann::json entries = nlohmann::json::array();
+  for (const OpRecord& r : snapshot()) {
+    nlohmann::json e = {{"seq", r.seq},
+                        {"op", plugin::op_name(r.op)},
+                        {"dtype", comms::to_string(r.dtype)},
+                        {"count", r.count},
+                        {"root", r.root},
+                        {"peer", r.peer},
+                        {"reduction", comms::to_string(r.reduction)},
+                        {"device", comms::to_string(r.device)},
+                        {"async", r.async},
+                        {"state", to_string(r.state)},
+                        {"issued_us", wall(r.issued_ns)},
+                        {"started_us", wall(r.started_ns)},
+                        {"ended_us", wall(r.ended_ns)}};
+    if (r.state == OpState::kFailed) e["error"] = comms::to_string(r.error);
+    entries.push_back(std::move(e));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  nlohmann::json out = {{"comm", info_.name},
+                        {"rank", info_.rank},
+                        {"size", info_.size},
+                        {"host", host},
+                        {"pid", static_cast<int>(::getpid())},
+                        {"reason", reason},
+                        {"dumped_us", wall_us},
+                        {"capacity", capacity_},
+                        {"last_entered", last_entered()},
+                        {"last_completed", last_completed()},
+                        {"entries", std::move(entries)}};
+  return out.dump(1);
+}
+
+}  // namespace comms::trace

@@ -1,0 +1,109 @@
+// The flight recorder: the last N ops of one comm in a fixed ring, written on
+// the hot path without locks or allocation, read by dumps from any thread.
+// An op's slot is seq % N, so no index needs claiming; each slot's seq is
+// stored last (release) and checked again after a read, so a dump skips a
+// slot that is being rewritten instead of reporting a torn entry.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comms/plugin.h"
+#include "comms/store.h"
+
+namespace comms::trace {
+
+enum class OpState : uint8_t { kIssued, kStarted, kCompleted, kFailed };
+std::string_view to_string(OpState s);
+
+// What the ring keeps of one op, as a plain copy.
+struct OpRecord {
+  uint64_t seq = 0;  // 0: empty slot
+  plugin::OpType op = plugin::OpType::kAllReduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceKind reduction = ReduceKind::kSum;
+  DeviceType device = DeviceType::kCpu;
+  bool async = false;
+  int32_t root = -1;
+  int32_t peer = -1;  // the op's peer (send/recv) or the failing peer
+  uint64_t count = 0;
+  int64_t issued_ns = 0, started_ns = 0, ended_ns = 0;  // steady clock; 0: not yet
+  OpState state = OpState::kIssued;
+  ErrorCode error = ErrorCode::kOk;
+};
+
+// One comm's identity, for dumps and the culprit search.
+struct CommInfo {
+  std::string name;
+  int rank = 0;
+  int size = 1;
+  std::string ns;  // the comm incarnation's store namespace
+  std::shared_ptr<Store> store;
+};
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+class Recorder {
+ public:
+  // capacity 0: records nothing (but still counts entered/completed).
+  Recorder(CommInfo info, size_t capacity);
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  void issued(const OpRecord& r);
+  void started(uint64_t seq);
+  // `op` keeps the last completed op's name known with the ring off.
+  void completed(uint64_t seq, plugin::OpType op);
+  void failed(uint64_t seq, ErrorCode code, int peer);
+
+  // Every live slot, oldest first (torn slots skipped).
+  std::vector<OpRecord> snapshot() const;
+  // The op recorded under `seq`, if the ring still holds it.
+  bool find(uint64_t seq, OpRecord* out) const;
+  uint64_t last_entered() const { return last_entered_.load(std::memory_order_relaxed); }
+  uint64_t last_completed() const { return last_completed_.load(std::memory_order_relaxed); }
+  plugin::OpType last_entered_op() const { return static_cast<plugin::OpType>(last_entered_op_.load(std::memory_order_relaxed)); }
+  plugin::OpType last_completed_op() const {
+    return static_cast<plugin::OpType>(last_completed_op_.load(std::memory_order_relaxed));
+  }
+  size_t capacity() const { return capacity_; }
+  // 1, 2, ...: numbers the collectives COMMS_DEBUG=detail checks.
+  int64_t next_collective() const { return collectives_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  const CommInfo& info() const { return info_; }
+
+  // The dump's JSON text (see docs/DEBUGGING.md for its fields).
+  std::string to_json(const std::string& reason) const;
+
+ private:
+  struct Slot {
+    std::atomic<uint64_t> seq{0};
+    std::atomic<uint64_t> count{0};
+    std::atomic<uint32_t> kinds{0};  // op, dtype, reduction, device (a byte each)
+    std::atomic<int32_t> root{-1}, peer{-1};
+    std::atomic<int64_t> issued_ns{0}, started_ns{0}, ended_ns{0};
+    std::atomic<uint8_t> async{0}, state{0}, error{0};
+  };
+  Slot* slot_of(uint64_t seq) const;
+  bool read(const Slot& s, OpRecord* out) const;
+
+  CommInfo info_;
+  size_t capacity_;
+  std::unique_ptr<Slot[]> slots_;
+  std::atomic<uint64_t> last_entered_{0};
+  std::atomic<uint64_t> last_completed_{0};
+  std::atomic<uint8_t> last_entered_op_{0}, last_completed_op_{0};
+  mutable std::atomic<int64_t> collectives_{0};
+};
+
+// COMMS_TRACE_BUFFER (default 2000, 0: off), read once.
+size_t configured_capacity();
+
+}  // namespace comms::trace

@@ -1,0 +1,63 @@
+// Runs under commsrun for the flight-recorder tests. Modes:
+//   skip   every rank runs all_reduces; the last rank never enters the 5th
+//          (it sleeps until commsrun stops it). The others must time out
+//          naming it.
+//   count  rank 1 passes 1000 elements to the 3rd all_reduce, the others
+//          1024; then every rank dumps its traces.
+//   count-ring  the same with 65536 and 65000 elements (the ring path).
+//   kill   the last rank SIGKILLs itself before its 21st all_reduce.
+//   usr1   after 5 all_reduces every rank sends itself SIGUSR1 and waits
+//          for the recorder's watcher thread to dump.
+// A rank whose op fails prints "FAULT rank <r> code <code> after_ms <ms>:
+// <message>" and exits 3; "OK rank <r>" when every op succeeded.
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "comms/comms.h"
+
+using namespace comms;
+using Clock = std::chrono::steady_clock;
+
+int main(int argc, char** argv) {
+  signal(SIGTERM, SIG_IGN);
+  const std::string mode = argc > 1 ? argv[1] : "skip";
+  auto world = new_comm("cpu:gloo", Device::cpu(), "world");
+  const int last = world->size() - 1;
+  const size_t n = mode == "count-ring" ? 65536 : 1024;
+  std::vector<float> x(n, 1.0f);
+  auto start = Clock::now();
+  try {
+    for (int i = 1; i <= (mode == "kill" ? 100000 : 5); ++i) {
+      if (mode == "skip" && i == 5 && world->rank() == last) {
+        std::this_thread::sleep_for(std::chrono::seconds(30));  // stopped by commsrun
+        return 0;
+      }
+      if (mode == "kill" && i == 21 && world->rank() == last) raise(SIGKILL);
+      const bool short_rank = mode.rfind("count", 0) == 0 && i == 3 && world->rank() == 1;
+      const size_t count = short_rank ? n - (n == 1024 ? 24 : 536) : n;
+      start = Clock::now();
+      world->all_reduce(BufferView::of(x.data(), count), ReduceOp::sum());
+    }
+  } catch (const Error& e) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    std::printf("FAULT rank %d code %s after_ms %lld: %s\n", world->rank(), std::string(to_string(e.code())).c_str(),
+                static_cast<long long>(ms), e.what());
+    std::fflush(stdout);
+    dump_traces();
+    return 3;
+  }
+  if (mode == "usr1") {
+    raise(SIGUSR1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::printf("OK rank %d after SIGUSR1\n", world->rank());
+    std::fflush(stdout);
+    return 0;
+  }
+  std::printf("OK rank %d dumped %d\n", world->rank(), dump_traces());
+  std::fflush(stdout);
+  return 0;
+}

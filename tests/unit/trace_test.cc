@@ -1,0 +1,219 @@
+// The flight recorder's ring and comms-trace's merge logic.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "comms/store.h"
+#include "merge.h"
+#include "trace/recorder.h"
+#include "trace/service.h"
+
+namespace {
+
+using comms::trace::OpRecord;
+using comms::trace::OpState;
+using comms::trace::Recorder;
+using nlohmann::json;
+
+OpRecord op(uint64_t seq, uint64_t count = 1024) {
+  OpRecord r;
+  r.seq = seq;
+  r.op = comms::plugin::OpType::kAllReduce;
+  r.count = count;
+  r.issued_ns = comms::trace::now_ns();
+  return r;
+}
+
+TEST(TraceRing, KeepsTheLastCapacityOpsOldestFirstWithTheirStates) {
+  Recorder rec({"w", 0, 2, "ns", nullptr}, 4);
+  for (uint64_t s = 1; s <= 6; ++s) {
+    rec.issued(op(s, s * 10));
+    rec.started(s);
+    if (s != 6) rec.completed(s, comms::plugin::OpType::kAllReduce);
+  }
+  rec.failed(6, comms::ErrorCode::kTimeout, 1);
+  const auto snap = rec.snapshot();
+  ASSERT_EQ(snap.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(snap[i].seq, i + 3);
+    EXPECT_EQ(snap[i].count, (i + 3) * 10);
+  }
+  EXPECT_EQ(snap[2].state, OpState::kCompleted);
+  EXPECT_EQ(snap[3].state, OpState::kFailed);
+  EXPECT_EQ(snap[3].error, comms::ErrorCode::kTimeout);
+  EXPECT_EQ(snap[3].peer, 1);
+  EXPECT_GE(snap[3].ended_ns, snap[3].started_ns);
+  EXPECT_EQ(rec.last_entered(), 6u);
+  EXPECT_EQ(rec.last_completed(), 5u);
+  OpRecord found;
+  EXPECT_FALSE(rec.find(2, &found));  // overwritten by #6
+  ASSERT_TRUE(rec.find(5, &found));
+  EXPECT_EQ(found.count, 50u);
+  // An update for an op the ring no longer holds must not touch its slot.
+  rec.completed(2, comms::plugin::OpType::kAllReduce);
+  ASSERT_TRUE(rec.find(6, &found));
+  EXPECT_EQ(found.state, OpState::kFailed);
+}
+
+TEST(TraceRing, CapacityZeroRecordsNothingButStillCountsProgress) {
+  Recorder rec({"w", 0, 2, "ns", nullptr}, 0);
+  OpRecord barrier = op(1);
+  barrier.op = comms::plugin::OpType::kBarrier;
+  rec.issued(barrier);
+  EXPECT_EQ(rec.last_entered_op(), comms::plugin::OpType::kBarrier);
+  rec.completed(1, comms::plugin::OpType::kBarrier);
+  EXPECT_EQ(rec.last_completed_op(), comms::plugin::OpType::kBarrier);
+  rec.completed(1, comms::plugin::OpType::kAllReduce);  // not newer: ignored
+  rec.issued(op(2));
+  EXPECT_TRUE(rec.snapshot().empty());
+  EXPECT_EQ(rec.last_entered(), 2u);
+  EXPECT_EQ(rec.last_completed(), 1u);
+  // The culprit search still names the ops.
+  EXPECT_EQ(rec.last_entered_op(), comms::plugin::OpType::kAllReduce);
+  EXPECT_EQ(rec.last_completed_op(), comms::plugin::OpType::kBarrier);
+}
+
+TEST(TraceRing, ADumpWhileOpsAreWrittenSeesOnlyWholeEntries) {
+  Recorder rec({"w", 0, 2, "ns", nullptr}, 8);
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (uint64_t s = 1; !stop.load(); ++s) {
+      rec.issued(op(s, s * 3));  // count is always 3 x seq: a torn read breaks it
+      rec.completed(s, comms::plugin::OpType::kAllReduce);
+    }
+  });
+  while (rec.last_entered() < 100) std::this_thread::yield();
+  size_t seen = 0;
+  for (int i = 0; i < 2000; ++i) {
+    for (const OpRecord& r : rec.snapshot()) {
+      ASSERT_EQ(r.count, r.seq * 3);
+      ++seen;
+    }
+  }
+  stop = true;
+  writer.join();
+  EXPECT_GT(seen, 0u);
+  const json dump = json::parse(rec.to_json("test"));
+  EXPECT_EQ(dump["comm"], "w");
+  EXPECT_EQ(dump["reason"], "test");
+  EXPECT_EQ(dump["entries"].size(), 8u);
+}
+
+// Three ranks of one comm in this process, sharing a store: the watcher
+// thread answers for those that did not time out.
+TEST(TraceCulprit, ATimeoutNamesTheRankThatNeverEnteredTheOpAndItsLastCompletedOp) {
+  auto store = comms::make_memory_store();
+  std::vector<std::shared_ptr<Recorder>> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back(comms::trace::register_comm({"culprit", r, 3, "culprit-ns", store}));
+    for (uint64_t s = 1; s <= (r == 2 ? 5u : 6u); ++s) {
+      ranks[r]->issued(op(s));
+      if (s <= 5) ranks[r]->completed(s, comms::plugin::OpType::kAllReduce);
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string text = comms::trace::find_culprit(ranks[0], 6, comms::plugin::OpType::kAllReduce);
+  EXPECT_EQ(text, "ranks that never entered all_reduce #6: [2] (rank 2 last completed all_reduce #5)");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2500));
+}
+
+// A store whose calls never return, or fail.
+class BrokenStore final : public comms::Store {
+ public:
+  explicit BrokenStore(bool hang) : hang_(hang) {}
+  void set(const std::string&, const std::string&) override { fail(); }
+  std::string get(const std::string&, std::chrono::milliseconds) override { return fail(), ""; }
+  void wait(const std::vector<std::string>&, std::chrono::milliseconds) override { fail(); }
+  int64_t add(const std::string&, int64_t) override { return fail(), 0; }
+  bool check(const std::vector<std::string>&) override { return fail(), false; }
+  bool delete_key(const std::string&) override { return fail(), false; }
+  std::string compare_set(const std::string&, const std::string&, const std::string&) override { return fail(), ""; }
+
+ private:
+  void fail() {
+    if (hang_) std::this_thread::sleep_for(std::chrono::seconds(20));
+    throw comms::Error(comms::ErrorCode::kPeerFailure, "store connection refused");
+  }
+  bool hang_;
+};
+
+TEST(TraceCulprit, AStoreThatNeverAnswersIsSaidSoWithinFiveSeconds) {
+  auto rec = std::make_shared<Recorder>(comms::trace::CommInfo{"w", 0, 2, "ns", std::make_shared<BrokenStore>(true)}, 8);
+  rec->issued(op(1));
+  const auto start = std::chrono::steady_clock::now();
+  const std::string text = comms::trace::find_culprit(rec, 1, comms::plugin::OpType::kAllReduce);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(text, "the store did not answer within 4 s, so which ranks are behind is unknown");
+  EXPECT_LT(took, std::chrono::seconds(5));
+  EXPECT_GE(took, std::chrono::milliseconds(3900));
+}
+
+TEST(TraceCulprit, AStoreThatFailsIsNamedWithItsError) {
+  auto rec = std::make_shared<Recorder>(comms::trace::CommInfo{"w", 0, 2, "ns", std::make_shared<BrokenStore>(false)}, 8);
+  rec->issued(op(1));
+  const std::string text = comms::trace::find_culprit(rec, 1, comms::plugin::OpType::kAllReduce);
+  EXPECT_NE(text.find("could not ask the store how far the other ranks got: "), std::string::npos) << text;
+  EXPECT_NE(text.find("store connection refused"), std::string::npos) << text;
+}
+
+json entry(uint64_t seq, const std::string& op, uint64_t count, const std::string& state = "completed",
+           int peer = -1) {
+  return {{"seq", seq}, {"op", op}, {"dtype", "float32"}, {"count", count}, {"root", -1},
+          {"peer", peer}, {"reduction", "sum"}, {"state", state}};
+}
+
+json dump(int rank, int size, uint64_t entered, uint64_t completed, json entries) {
+  return {{"comm", "world"}, {"rank", rank}, {"size", size}, {"last_entered", entered},
+          {"last_completed", completed}, {"entries", std::move(entries)}};
+}
+
+TEST(CommsTraceMerge, TheFirstOpSomeRanksNeverEnteredIsStuckWithExactlyThoseRanksMissing) {
+  std::vector<json> dumps = {
+      dump(0, 4, 6, 5, {entry(5, "all_reduce", 8), entry(6, "all_reduce", 8, "failed")}),
+      dump(1, 4, 6, 5, {entry(5, "all_reduce", 8), entry(6, "all_reduce", 8, "failed")}),
+      dump(2, 4, 5, 5, {entry(5, "all_reduce", 8)}),
+      dump(3, 4, 4, 4, {entry(4, "barrier", 0)}),
+  };
+  const json c = comms::trace_tool::merge(dumps)["comms"][0];
+  ASSERT_EQ(c["stuck"].size(), 1u);
+  EXPECT_EQ(c["stuck"][0]["seq"], 5);
+  EXPECT_EQ(c["stuck"][0]["op"], "all_reduce");
+  EXPECT_EQ(c["stuck"][0]["entered"], json({0, 1, 2}));
+  EXPECT_EQ(c["stuck"][0]["missing"], json({3}));
+  EXPECT_EQ(c["progress"]["3"]["completed_op"], "barrier");
+  EXPECT_TRUE(c["mismatches"].empty());
+}
+
+TEST(CommsTraceMerge, TheFirstDisagreementIsReportedButSendAgainstRecvIsNot) {
+  std::vector<json> dumps = {
+      dump(0, 2, 3, 3, {entry(1, "send", 4), entry(2, "all_reduce", 8), entry(3, "all_reduce", 16)}),
+      dump(1, 2, 3, 3, {entry(1, "recv", 4), entry(2, "all_reduce", 9), entry(3, "all_gather", 16)}),
+  };
+  const json c = comms::trace_tool::merge(dumps)["comms"][0];
+  EXPECT_TRUE(c["stuck"].empty());
+  ASSERT_EQ(c["mismatches"].size(), 1u);
+  EXPECT_EQ(c["mismatches"][0]["seq"], 2);
+  EXPECT_EQ(c["mismatches"][0]["by_rank"]["0"]["count"], 8);
+  EXPECT_EQ(c["mismatches"][0]["by_rank"]["1"]["count"], 9);
+  EXPECT_EQ(c["mismatches"][0]["by_rank"]["1"]["reduction"], "sum");
+}
+
+TEST(CommsTraceMerge, ARankWithoutADumpThatTheOthersFailedOnIsASuspectWithItsLastOp) {
+  std::vector<json> dumps = {
+      dump(0, 3, 8, 7, {entry(7, "all_reduce", 8), entry(8, "all_reduce", 8, "failed", 2)}),
+      dump(1, 3, 8, 7, {entry(7, "all_reduce", 8), entry(8, "all_reduce", 8, "failed", 2)}),
+  };
+  const json c = comms::trace_tool::merge(dumps)["comms"][0];
+  EXPECT_EQ(c["no_dump"], json({2}));
+  ASSERT_EQ(c["suspects"].size(), 1u);
+  EXPECT_EQ(c["suspects"][0]["rank"], 2);
+  EXPECT_EQ(c["suspects"][0]["failed_seq"], 8);
+  EXPECT_EQ(c["suspects"][0]["last_completed_by_all"]["seq"], 7);
+  const std::string text = comms::trace_tool::to_text(comms::trace_tool::merge(dumps));
+  EXPECT_NE(text.find("rank 2 left no dump and ranks [0, 1] failed all_reduce #8 on it; its last op: all_reduce #7"),
+            std::string::npos)
+      << text;
+}
+
+}  // namespace

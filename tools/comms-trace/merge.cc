@@ -1,0 +1,225 @@
+#include "merge.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace comms::trace_tool {
+
+using nlohmann::json;
+
+namespace {
+
+bool is_p2p(const std::string& op) { return op == "send" || op == "recv" || op == "batch_p2p"; }
+bool reduces(const std::string& op) {
+  return op == "all_reduce" || op == "reduce" || op == "reduce_scatter" || op == "reduce_scatter_v";
+}
+// Ops whose count is this rank's own and may differ between ranks.
+bool own_count(const std::string& op) { return op == "all_gather_v" || op == "all_to_all_v" || is_p2p(op); }
+
+// What the ranks must agree on for one entry.
+json args_of(const json& e) {
+  const std::string op = e.value("op", "");
+  json a = {{"op", op}, {"dtype", e.value("dtype", "")}, {"count", e.value("count", 0)}};
+  if (e.value("root", -1) >= 0) a["root"] = e["root"];
+  if (reduces(op)) a["reduction"] = e.value("reduction", "");
+  return a;
+}
+
+json comparable(json a) {
+  if (own_count(a.value("op", ""))) a.erase("count");
+  return a;
+}
+
+std::string op_at(const std::map<int, std::map<uint64_t, json>>& entries, uint64_t seq) {
+  for (const auto& [rank, by_seq] : entries) {
+    auto it = by_seq.find(seq);
+    if (it != by_seq.end()) return it->second.value("op", "op");
+  }
+  return "op";
+}
+
+// A rank without a dump that the others' failed ops name as their peer
+// (killed, or crashed): the op it broke, and the last op every rank with a
+// dump completed, which it took part in.
+void add_suspects(json& out, const std::map<int, std::map<uint64_t, json>>& entries) {
+  out["suspects"] = json::array();
+  uint64_t all_completed = UINT64_MAX;
+  for (auto& [rank, p] : out["progress"].items()) all_completed = std::min(all_completed, p["last_completed"].get<uint64_t>());
+  for (const json& r : out["no_dump"]) {
+    json named_by = json::array();
+    uint64_t seq = 0;
+    for (const auto& [rank, by_seq] : entries) {
+      for (const auto& [s, e] : by_seq) {
+        if (e.value("state", "") == "failed" && e.value("peer", -1) == r.get<int>()) {
+          named_by.push_back(rank);
+          seq = seq ? std::min(seq, s) : s;
+          break;
+        }
+      }
+    }
+    if (named_by.empty()) continue;
+    json s = {{"rank", r}, {"named_by", named_by}, {"failed_seq", seq}, {"failed_op", op_at(entries, seq)}};
+    if (all_completed != UINT64_MAX && all_completed > 0) {
+      s["last_completed_by_all"] = {{"seq", all_completed}, {"op", op_at(entries, all_completed)}};
+    }
+    out["suspects"].push_back(s);
+  }
+}
+
+json merge_comm(const std::string& name, const std::vector<const json*>& dumps) {
+  int size = 0;
+  std::map<int, const json*> by_rank;
+  std::map<int, std::map<uint64_t, json>> entries;
+  for (const json* d : dumps) {
+    size = std::max(size, d->value("size", 0));
+    const int rank = d->value("rank", -1);
+    by_rank[rank] = d;
+    for (const json& e : d->value("entries", json::array())) entries[rank][e.value("seq", uint64_t{0})] = e;
+  }
+  json out = {{"comm", name}, {"ranks", json::array()}, {"no_dump", json::array()},
+              {"progress", json::object()}, {"stuck", json::array()}, {"mismatches", json::array()},
+              {"failures", json::array()}};
+  for (int r = 0; r < size; ++r) (by_rank.count(r) ? out["ranks"] : out["no_dump"]).push_back(r);
+  uint64_t low = UINT64_MAX, high = 0;
+  for (const auto& [rank, d] : by_rank) {
+    const uint64_t entered = d->value("last_entered", uint64_t{0}), completed = d->value("last_completed", uint64_t{0});
+    low = std::min(low, entered);
+    high = std::max(high, entered);
+    out["progress"][std::to_string(rank)] = {{"last_entered", entered}, {"last_completed", completed}};
+  }
+  for (auto& [rank, p] : out["progress"].items()) {
+    p["entered_op"] = op_at(entries, p["last_entered"]);
+    p["completed_op"] = op_at(entries, p["last_completed"]);
+  }
+  if (!by_rank.empty() && high > low) {
+    // Each rank entered a prefix of the ops: the first op not every rank
+    // entered is the one after the least advanced rank's last.
+    const uint64_t seq = low + 1;
+    json s = {{"seq", seq}, {"op", op_at(entries, seq)}, {"entered", json::array()}, {"missing", json::array()}};
+    for (const auto& [rank, d] : by_rank) s[d->value("last_entered", uint64_t{0}) >= seq ? "entered" : "missing"].push_back(rank);
+    out["stuck"].push_back(s);
+  }
+  // The first seq the ranks that recorded it disagree on.
+  std::set<uint64_t> seqs;
+  for (const auto& [rank, by_seq] : entries) {
+    for (const auto& [seq, e] : by_seq) seqs.insert(seq);
+  }
+  for (uint64_t seq : seqs) {
+    json by = json::object();
+    std::set<std::string> kinds;
+    bool all_p2p = true;
+    for (const auto& [rank, by_seq] : entries) {
+      auto it = by_seq.find(seq);
+      if (it == by_seq.end()) continue;
+      by[std::to_string(rank)] = args_of(it->second);
+      kinds.insert(comparable(args_of(it->second)).dump());
+      all_p2p = all_p2p && is_p2p(it->second.value("op", ""));
+    }
+    if (by.size() > 1 && kinds.size() > 1 && !all_p2p) {
+      out["mismatches"].push_back({{"seq", seq}, {"by_rank", by}});
+      break;
+    }
+  }
+  add_suspects(out, entries);
+  for (const auto& [rank, by_seq] : entries) {
+    for (const auto& [seq, e] : by_seq) {
+      if (e.value("state", "") != "failed") continue;
+      out["failures"].push_back({{"rank", rank}, {"seq", seq}, {"op", e.value("op", "")},
+                                 {"error", e.value("error", "")}, {"peer", e.value("peer", -1)}});
+      break;  // the first failure of each rank
+    }
+  }
+  return out;
+}
+
+std::string list(const json& ranks) {
+  std::string out = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + ranks[i].dump();
+  return out + "]";
+}
+
+std::string args_text(const json& a) {
+  std::string out = a.value("op", "") + " " + a.value("dtype", "");
+  if (a.contains("count")) out += " x " + a["count"].dump();
+  if (a.contains("root")) out += " root " + a["root"].dump();
+  if (a.contains("reduction")) out += " " + a.value("reduction", "");
+  return out;
+}
+
+}  // namespace
+
+json merge(const std::vector<json>& dumps) {
+  std::map<std::string, std::vector<const json*>> by_comm;
+  for (const json& d : dumps) by_comm[d.value("comm", "")].push_back(&d);
+  json out = {{"comms", json::array()}};
+  for (const auto& [name, ds] : by_comm) out["comms"].push_back(merge_comm(name, ds));
+  return out;
+}
+
+std::vector<json> read_dumps(const std::string& dir) {
+  std::vector<json> out;
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    try {
+      out.push_back(json::parse(in));
+    } catch (const json::exception& e) {
+      throw std::runtime_error(f.string() + " is not a flight-recorder dump: " + e.what());
+    }
+  }
+  return out;
+}
+
+std::string to_text(const json& merged) {
+  std::ostringstream o;
+  for (const json& c : merged["comms"]) {
+    const size_t size = c["ranks"].size() + c["no_dump"].size();
+    o << "comm " << c["comm"].get<std::string>() << " (" << size << " ranks, dumps from " << list(c["ranks"]) << ")\n";
+    for (auto& [rank, p] : c["progress"].items()) {
+      o << "  rank " << rank << ": last completed " << p["completed_op"].get<std::string>() << " #"
+        << p["last_completed"] << ", last entered " << p["entered_op"].get<std::string>() << " #" << p["last_entered"]
+        << "\n";
+    }
+    if (!c["no_dump"].empty()) o << "  no dump from " << list(c["no_dump"]) << " (dead, killed or not reached)\n";
+    for (const json& s : c["suspects"]) {
+      o << "  rank " << s["rank"] << " left no dump and ranks " << list(s["named_by"]) << " failed "
+        << s["failed_op"].get<std::string>() << " #" << s["failed_seq"] << " on it";
+      if (s.contains("last_completed_by_all")) {
+        o << "; its last op: " << s["last_completed_by_all"]["op"].get<std::string>() << " #"
+          << s["last_completed_by_all"]["seq"] << " (completed by every rank with a dump)";
+      }
+      o << "\n";
+    }
+    for (const json& f : c["failures"]) {
+      o << "  rank " << f["rank"] << " failed " << f["op"].get<std::string>() << " #" << f["seq"] << " with "
+        << f["error"].get<std::string>();
+      if (f["peer"].get<int>() >= 0) o << " naming peer rank " << f["peer"];
+      o << "\n";
+    }
+    for (const json& s : c["stuck"]) {
+      o << "  stuck: " << s["op"].get<std::string>() << " #" << s["seq"] << " entered by " << list(s["entered"])
+        << ", never entered by " << list(s["missing"]) << "\n";
+    }
+    if (c["stuck"].empty()) o << "  no op was entered by some ranks and not others\n";
+    for (const json& m : c["mismatches"]) {
+      o << "  mismatch at #" << m["seq"] << ":";
+      bool first = true;
+      for (auto& [rank, a] : m["by_rank"].items()) {
+        o << (first ? " " : ", ") << "rank " << rank << ": " << args_text(a);
+        first = false;
+      }
+      o << "\n";
+    }
+  }
+  return o.str();
+}
+
+}  // namespace comms::trace_tool
