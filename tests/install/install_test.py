@@ -99,7 +99,11 @@ def run_checks(work):
         gloo = [p for p in info["plugins"] if p.get("name") == "gloo"]
         if not gloo or not gloo[0].get("path", "").startswith(libdir):
             raise RuntimeError("comms-info does not find the installed gloo plugin: %s" % info["plugins"])
-        return gloo[0]["path"]
+        # The NCCL plugin loads (libcudart and libnccl through its RUNPATH).
+        nccl = [p for p in info["plugins"] if p.get("name") == "nccl"]
+        if os.path.exists(os.path.join(libdir, "comms", "libcomms-nccl.so")) and (not nccl or "error" in nccl[0]):
+            raise RuntimeError("the installed nccl plugin does not load: %s" % nccl)
+        return gloo[0]["path"] + (", and the nccl plugin loads" if nccl else "")
     check("comms-info from the moved prefix", info_finds_installed_plugin)
 
     def run_consumer(exe):
