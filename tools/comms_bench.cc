@@ -50,6 +50,11 @@ Setup check_flags(const Flags& f) {
   Setup s;
   s.op = std::find_if(std::begin(kOps), std::end(kOps), [&](const OpInfo& o) { return f.op_name == o.name; });
   s.dtype = parse_data_type(f.dtype_name);
+  // comms-bench's -o was the collective once; nccl-tests' -o is the reduce op.
+  if (std::any_of(std::begin(kOps), std::end(kOps), [&](const OpInfo& o) { return f.redop_name == o.name; })) {
+    bad_flag("-o/--op", str::cat("='", f.redop_name, "' is a collective, but -o is the reduce op (sum, max, ...) "
+                                 "as in nccl-tests: give the collective with -C/--coll ", f.redop_name));
+  }
   s.redop = parse_reduce_op(f.redop_name);
   s.es = element_size(s.dtype);
   s.lo = parse_size(f.min_size, "-b/--minbytes");

@@ -158,10 +158,14 @@ TEST(BenchFlags, NcclTestsFlagsKeepNcclTestsMeanings) {
   EXPECT_NE(b.output.find("# no wrong results"), std::string::npos) << b.output;
 }
 
-TEST(BenchFlags, RootOutsideTheJobAndSeveralDevicesPerProcessAreRefused) {
+TEST(BenchFlags, RootOutsideTheJobSeveralDevicesPerProcessAndACollectiveAsTheReduceOpAreRefused) {
   expect_refused(bench(2, {"-C", "broadcast", "-r", "2"}),
                  "comms-bench: -r/--root=2 is not a rank of this 2-rank job (0 to 1)");
   expect_refused(bench(1, {"-g", "2"}), "comms-bench: -g/--ngpus=2: comms-bench drives one device per process");
+  // The old meaning of -o is refused pointing at the new flag.
+  expect_refused(bench(1, {"-o", "all_gather"}),
+                 "comms-bench: -o/--op='all_gather' is a collective, but -o is the reduce op (sum, max, ...) as in "
+                 "nccl-tests: give the collective with -C/--coll all_gather");
 }
 
 // all_reduce_perf & co. (links to comms-bench, as make install lays them

@@ -69,7 +69,8 @@ void add_options(CLI::App& app, LaunchOptions& options, std::string& nproc_text,
       ->capture_default_str();
   app.add_option("--master-port,--master_port", options.master_port,
                  "Port of the TCP store; 0 picks a free one (single node only)")
-      ->check(CLI::Range(0, 65535));
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   app.add_option("--nnodes", options.nnodes, "Number of nodes")->capture_default_str();
   app.add_option("--node-rank,--node_rank", options.node_rank, "This node's index, 0 to nnodes-1")
       ->capture_default_str();
