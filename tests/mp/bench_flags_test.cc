@@ -158,6 +158,24 @@ TEST(BenchFlags, NcclTestsFlagsKeepNcclTestsMeanings) {
   EXPECT_NE(b.output.find("# no wrong results"), std::string::npos) << b.output;
 }
 
+// -i steps by bytes instead of -f's factor; -a picks how ranks' times
+// combine and is reported; -a 4 is not one of nccl-tests' values.
+TEST(BenchFlags, StepBytesAndAverageFollowNcclTests) {
+  TempDir dir;
+  const std::string json = (dir.path / "out.json").string();
+  const auto p = bench(2, {"-b", "4K", "-e", "16K", "-i", "4K", "-a", "1", "--outofplace", "--json", json});
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  std::vector<long> sizes;
+  for (const auto& r : nlohmann::json::parse(std::ifstream(json))) {
+    sizes.push_back(r["bytes"].get<long>());
+    EXPECT_EQ(r["average"], 1);
+  }
+  EXPECT_EQ(sizes, (std::vector<long>{4096, 8192, 12288, 16384}));
+  const auto refused = bench(1, {"-a", "4"});
+  EXPECT_NE(refused.exit_code(), 0) << refused.output;
+  EXPECT_NE(refused.output.find("-a"), std::string::npos) << refused.output;
+}
+
 TEST(BenchFlags, RootOutsideTheJobSeveralDevicesPerProcessAndACollectiveAsTheReduceOpAreRefused) {
   expect_refused(bench(2, {"-C", "broadcast", "-r", "2"}),
                  "comms-bench: -r/--root=2 is not a rank of this 2-rank job (0 to 1)");
