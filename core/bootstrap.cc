@@ -172,8 +172,16 @@ std::shared_ptr<Store> default_store(int rank, int world_size,
       }
       std::string host(s.substr(0, colon));
       if (std::string_view(host).starts_with( "[") && std::string_view(host).ends_with( "]")) host = host.substr(1, host.size() - 2);
-      store = connect_tcp_store(host, parse_port(std::string(s.substr(colon + 1)), "COMMS_STORE port"),
-                                connect_timeout);
+      try {
+        store = connect_tcp_store(host, parse_port(std::string(s.substr(colon + 1)), "COMMS_STORE port"),
+                                  connect_timeout);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kTimeout) throw;  // e.g. refused for its token: not about hosting
+        // Nothing in the job hosts a tcp:// store: say who must.
+        throw Error(e.code(), str::cat("COMMS_STORE='", *spec, "': ", e.what(),
+                                       "; no rank hosts a COMMS_STORE store: start one first, e.g. "
+                                       "commsrun --store-only --master-addr HOST --master-port PORT"));
+      }
     } else {
       throw Error(ErrorCode::kInvalidArgument,
                   str::cat("COMMS_STORE='", *spec,

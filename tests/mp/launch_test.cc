@@ -165,6 +165,21 @@ TEST(Launch, StoreOnlyHostsTheStoreForRanksStartedOtherwise) {
   EXPECT_NE(store.output.find("store-only: SIGTERM; the store stops"), std::string::npos) << store.output;
 }
 
+// A COMMS_STORE that nothing hosts: the error says who must host it.
+TEST(Launch, ACommsStoreNobodyHostsFailsSayingHowToHostOne) {
+  auto env = bare_environment();
+  const std::string store = "tcp://127.0.0.1:" + std::to_string(comms::testing::free_loopback_port());
+  env["COMMS_STORE"] = store;
+  env["COMMS_INIT_TIMEOUT"] = "1s";
+  env["RANK"] = "0";
+  env["WORLD_SIZE"] = "2";
+  const auto p = run({TRAINER, "--steps", "1"}, env, 30s);
+  EXPECT_NE(p.exit_code(), 0) << p.output;
+  EXPECT_NE(p.output.find("COMMS_STORE='" + store + "': could not connect to the TCP store"), std::string::npos)
+      << p.output;
+  EXPECT_NE(p.output.find("start one first, e.g. commsrun --store-only"), std::string::npos) << p.output;
+}
+
 // A key an earlier run left in a shared file store is refused with what to
 // do; with a job id each job gets its own subfolder and runs.
 TEST(Launch, AFileStoreIsPerJobOrRefusedWhenAnEarlierRunLeftKeys) {
