@@ -1,13 +1,15 @@
 #include "strutil.h"
 #include "comms/bootstrap.h"
 
-#include <thread>
+#include <filesystem>
 #include <mutex>
+#include <thread>
 
 #include "comms/error.h"
 #include "comms/store.h"
 #include "env.h"
 #include "log.h"
+#include "slurm.h"
 
 namespace comms {
 namespace {
@@ -102,6 +104,40 @@ uint16_t parse_port(const std::string& text, const char* what) {
   return static_cast<uint16_t>(port);
 }
 
+// About when this process started: libcomms is loaded with it.
+const auto kStarted = std::filesystem::file_time_type::clock::now();
+
+// A file store shared by every job (no job id to give each its own folder)
+// must not hold an earlier run's keys: a peer's old address reads as
+// "Connection refused" much later. Keys older than this process by more
+// than the init timeout cannot be from a live peer of this job (it would
+// have timed out).
+void refuse_stale_file_store(const std::string& spec, const std::string& dir, std::chrono::milliseconds timeout) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with(".") || !e.is_regular_file(ec)) continue;
+    const auto age = kStarted - e.last_write_time(ec);
+    if (ec || age <= timeout) continue;
+    throw Error(ErrorCode::kInvalidArgument,
+                str::cat("COMMS_STORE='", spec, "' holds keys from an earlier run ('", name, "' was written ",
+                         std::chrono::duration_cast<std::chrono::seconds>(age).count(),
+                         " s before this process started, longer ago than the init timeout): remove them (rm -r ",
+                         dir, ") or set COMMS_JOB_ID to a value unique to each job, so that each job uses its own "
+                         "subfolder (under srun, SLURM_JOB_ID does)"));
+  }
+}
+
+std::shared_ptr<Store> open_file_store(const std::string& spec, const std::string& dir,
+                                       std::chrono::milliseconds timeout) {
+  if (const auto job = slurm::job_namespace()) {
+    log::info(str::cat("file store: this job's keys go to ", dir, "/", *job));
+    return make_file_store(str::cat(dir, "/", *job));
+  }
+  refuse_stale_file_store(spec, dir, timeout);
+  return make_file_store(dir);
+}
+
 }  // namespace
 
 std::shared_ptr<Store> default_store(int rank, int world_size,
@@ -109,8 +145,16 @@ std::shared_ptr<Store> default_store(int rank, int world_size,
   auto& state = default_store_state();
   std::lock_guard<std::mutex> lock(state.mu);
   const auto spec = env::get("COMMS_STORE");
-  const auto addr = env::get("MASTER_ADDR");
-  const auto port = env::get("MASTER_PORT");
+  auto addr = env::get("MASTER_ADDR");
+  auto port = env::get("MASTER_PORT");
+  // Under srun, what MASTER_ADDR and MASTER_PORT do not give comes from Slurm.
+  if (!spec && (!addr || !port) && world_size > 1) {
+    if (const auto slurm_store = slurm::store_address()) {
+      if (!addr) addr = slurm_store->host;
+      if (!port) port = std::to_string(slurm_store->port);
+      log::info(str::cat("the TCP store is at ", *addr, ":", *port, " (from ", slurm_store->source, ")"));
+    }
+  }
   const std::string key = str::cat(spec.value_or(""), "|", addr.value_or(""), "|",
                                        port.value_or(""), "|", rank, "|", world_size);
   if (state.store && state.key == key) return state.store;
@@ -119,7 +163,7 @@ std::shared_ptr<Store> default_store(int rank, int world_size,
   if (spec) {
     std::string_view s = *spec;
     if (str::consume_prefix(s, "file://")) {
-      store = make_file_store(std::string(s));
+      store = open_file_store(*spec, std::string(s), connect_timeout);
     } else if (str::consume_prefix(s, "tcp://")) {
       auto colon = s.rfind(':');
       if (colon == std::string_view::npos) {
@@ -128,8 +172,16 @@ std::shared_ptr<Store> default_store(int rank, int world_size,
       }
       std::string host(s.substr(0, colon));
       if (std::string_view(host).starts_with( "[") && std::string_view(host).ends_with( "]")) host = host.substr(1, host.size() - 2);
-      store = connect_tcp_store(host, parse_port(std::string(s.substr(colon + 1)), "COMMS_STORE port"),
-                                connect_timeout);
+      try {
+        store = connect_tcp_store(host, parse_port(std::string(s.substr(colon + 1)), "COMMS_STORE port"),
+                                  connect_timeout);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kTimeout) throw;  // e.g. refused for its token: not about hosting
+        // Nothing in the job hosts a tcp:// store: say who must.
+        throw Error(e.code(), str::cat("COMMS_STORE='", *spec, "': ", e.what(),
+                                       "; no rank hosts a COMMS_STORE store: start one first, e.g. "
+                                       "commsrun --store-only --master-addr HOST --master-port PORT"));
+      }
     } else {
       throw Error(ErrorCode::kInvalidArgument,
                   str::cat("COMMS_STORE='", *spec,
@@ -153,7 +205,8 @@ std::shared_ptr<Store> default_store(int rank, int world_size,
     throw Error(ErrorCode::kInvalidArgument,
                 str::cat("no rendezvous store for a job of ", world_size,
                              " processes: set MASTER_ADDR and MASTER_PORT (commsrun and torchrun "
-                             "do), or COMMS_STORE=file:///shared/dir or tcp://host:port"));
+                             "do; under srun SLURM_NODELIST and SLURM_JOB_ID give them), or "
+                             "COMMS_STORE=file:///shared/dir or tcp://host:port (commsrun --store-only hosts one)"));
   }
   store->set_default_timeout(connect_timeout);
   state.key = key;

@@ -100,7 +100,7 @@ std::string InitProgress::laggards() const {
   } catch (const Error&) {
     return "";
   }
-  if (!absent.empty()) return str::cat(" (", ranks_text(absent), " of ", size_, " never arrived at this init)");
+  if (!absent.empty()) return str::cat(ranks_text(absent), " of ", size_, " never arrived at this init");
   if (unfinished.empty()) return "";
   // Every rank came; the one stuck (stopped, hung) has written the fewest
   // keys, the others having gone on until they waited for it.
@@ -113,9 +113,9 @@ std::string InitProgress::laggards() const {
   for (int r : unfinished) {
     if (progress[static_cast<size_t>(r)] == least) behind.push_back(r);
   }
-  return str::cat(" (every rank arrived at this init; ", ranks_text(behind), " got least far, ", least,
+  return str::cat("every rank arrived at this init; ", ranks_text(behind), " got least far, ", least,
                   " rendezvous keys written", most > least ? str::cat(" against up to ", most, " by the others") : "",
-                  ": stopped, stuck, or waiting for such a rank)");
+                  ": stopped, stuck, or waiting for such a rank");
 }
 
 }  // namespace comms::internal

@@ -25,7 +25,7 @@ class InitProgress {
   std::shared_ptr<Store> counting(std::shared_ptr<Store> backend_store) const;
   void arrived() const { mark("arrived"); }
   void finished() const { mark("ready"); }
-  // " (rank 2 of 4 never arrived at this init)" and the like, or "" when the
+  // "rank 2 of 4 never arrived at this init" and the like, or "" when the
   // store cannot tell.
   std::string laggards() const;
 

@@ -29,8 +29,8 @@ bool reduces(OpType t) { return t == OpType::kAllReduce || t == OpType::kReduce 
 // `reason` names the problem; the flags that asked for it follow.
 [[noreturn]] void refuse(const std::string& reason, OpType type, DataType dtype, ReduceKind kind) {
   throw Error(ErrorCode::kUnsupported,
-              str::cat("--device cuda: ", reason, " (-o/--op=", plugin::op_name(type), ", -d/--datatype=",
-                       to_string(dtype), reduces(type) ? str::cat(", -r/--redop=", to_string(kind)) : "", ")"));
+              str::cat("--device cuda: ", reason, " (-C/--coll=", plugin::op_name(type), ", -d/--datatype=",
+                       to_string(dtype), reduces(type) ? str::cat(", -o/--op=", to_string(kind)) : "", ")"));
 }
 
 void check(cudaError_t e, const std::string& what) {

@@ -20,7 +20,7 @@ for n in 2 4; do
         native) flags=(--gloo-native) ;;
       esac
       tag=$op-n$n-$mode
-      "$BUILD/tools/commsrun" -n "$n" --timeout 300 -- "$BUILD/tools/comms-bench" -o "$op" -b 4K -e 16M -f 4 \
+      "$BUILD/tools/commsrun" -n "$n" --timeout 300 -- "$BUILD/tools/comms-bench" -C "$op" -b 4K -e 16M -f 4 \
         -n "$ITERS" -w 5 --outofplace "${flags[@]}" --json "$OUT/$tag.json" > "$OUT/$tag.txt"
     done
   done

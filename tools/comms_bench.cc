@@ -1,7 +1,10 @@
 // comms-bench: nccl-tests-style measurements of the Comm API, run under
-// commsrun. For each size it times every iteration on every rank, takes the
-// max over ranks of each iteration (as nccl-tests reports), and prints the
-// mean, p50 and p99 with algbw and busbw (nccl-tests' busbw factors).
+// commsrun, with nccl-tests' flags and meanings (-o reduce op, -r root, -d,
+// -a, -c 1 by default; the collective is -C/--coll or the program's name,
+// e.g. a link all_reduce_perf -> comms-bench). For each size it times every
+// iteration on every rank, combines each iteration over ranks (-a; default
+// the slowest rank), and prints the mean, p50 and p99 with algbw and busbw
+// (nccl-tests' busbw factors).
 // --raw-gloo times the Gloo backend's own algorithm for the same op and size
 // called directly (backends/gloo/raw_gloo.h), so libcomms' overhead shows;
 // --gloo-native times Gloo's own algorithm classes instead; --overhead
@@ -38,7 +41,7 @@ struct Setup {
   const OpInfo* op = nullptr;
   DataType dtype{};
   ReduceOp redop;
-  size_t es = 0, lo = 0, hi = 0;
+  size_t es = 0, lo = 0, hi = 0, step = 0;
   bool on_cuda = false;
   CommOptions options;
 };
@@ -47,12 +50,22 @@ Setup check_flags(const Flags& f) {
   Setup s;
   s.op = std::find_if(std::begin(kOps), std::end(kOps), [&](const OpInfo& o) { return f.op_name == o.name; });
   s.dtype = parse_data_type(f.dtype_name);
+  // comms-bench's -o was the collective once; nccl-tests' -o is the reduce op.
+  if (std::any_of(std::begin(kOps), std::end(kOps), [&](const OpInfo& o) { return f.redop_name == o.name; })) {
+    bad_flag("-o/--op", str::cat("='", f.redop_name, "' is a collective, but -o is the reduce op (sum, max, ...) "
+                                 "as in nccl-tests: give the collective with -C/--coll ", f.redop_name));
+  }
   s.redop = parse_reduce_op(f.redop_name);
   s.es = element_size(s.dtype);
   s.lo = parse_size(f.min_size, "-b/--minbytes");
   s.hi = parse_size(f.max_size, "-e/--maxbytes");
   if (s.op->type != OpType::kBarrier) {
     check_range(f.min_size, f.max_size, s.lo, s.hi, s.es, str::cat("one ", f.dtype_name, " element"));
+  }
+  s.step = parse_size(f.step_bytes, "-i/--stepbytes");
+  if (f.ngpus != 1) {
+    bad_flag("-g/--ngpus", str::cat("=", f.ngpus, ": comms-bench drives one device per process; start one rank per "
+                                    "device instead (commsrun -n <ranks per node>)"));
   }
   s.on_cuda = f.device_name == "cuda";
   if (f.raw_nccl && !s.on_cuda) bad_flag("--raw-nccl", " times NCCL on CUDA buffers; give --device cuda as well");
@@ -125,12 +138,12 @@ std::vector<Row> run_rows(const Flags& f, const Setup& s, Comm& comm, Bench& ben
   for (size_t bytes = s.lo; bytes <= s.hi;) {
     for (bool in_place : placements) {
       Row r = bench.run(bytes, in_place);
-      if (comm.rank() == 0) print_row(f, r);
+      if (comm.rank() == 0 && f.json_path != "-") print_row(f, r);
       rows.push_back(std::move(r));
     }
     if (s.op->type == OpType::kBarrier) break;
     // Steps between the flags round down to whole units (at least one more).
-    const double grown = std::ceil(double(bytes) * f.factor);
+    const double grown = s.step ? double(bytes) + double(s.step) : std::ceil(double(bytes) * f.factor);
     if (grown > double(s.hi)) break;  // also keeps the cast below in range
     const size_t next = static_cast<size_t>(grown);
     bytes = std::max(next - next % unit, bytes + unit);
@@ -154,6 +167,10 @@ int run(const Flags& f) {
                                                s.op->name, " splits the size among them")
                                     : str::cat("one ", f.dtype_name, " element"));
   }
+  if (f.root >= comm->size()) {
+    bad_flag("-r/--root", str::cat("=", f.root, " is not a rank of this ", comm->size(), "-rank job (0 to ",
+                                   comm->size() - 1, ")"));
+  }
   check_memory(f, s, *comm, cuda.get());
   std::unique_ptr<gloo_backend::RawGloo> raw;
   if (!s.on_cuda && f.has_raw()) {
@@ -167,16 +184,17 @@ int run(const Flags& f) {
   // Rank 0's iteration counts rule, so every rank runs the same loop.
   int32_t plan[2] = {f.iters, f.warmup};
   comm->broadcast(BufferView::of(plan, 2), 0);
-  Bench bench(comm, *s.op, s.dtype, s.redop, plan[0], plan[1], f.check == 1, raw.get(), cuda.get(), f.has_raw(),
-              f.overhead);
+  Bench bench(comm, *s.op, s.dtype, s.redop, f.root, static_cast<Average>(f.average), plan[0], plan[1], f.check == 1,
+              raw.get(), cuda.get(), f.has_raw(), f.overhead);
   const RunInfo info{s.op, comm->size(), comm->backend_string(), cuda ? str::cat("cuda:", cuda->device()) : "cpu",
                      cuda != nullptr, raw != nullptr, plan[0], plan[1]};
-  if (comm->rank() == 0) print_header(f, info);
+  // --json -: the JSON alone on stdout.
+  if (comm->rank() == 0 && f.json_path != "-") print_header(f, info);
   const std::vector<Row> rows = run_rows(f, s, *comm, bench, unit);
   int64_t total_wrong = 0;
   for (const auto& r : rows) total_wrong += r.wrong;
   if (comm->rank() == 0) {
-    std::printf("# %s wrong results\n", total_wrong ? "SOME" : "no");
+    if (f.json_path != "-") std::printf("# %s wrong results\n", total_wrong ? "SOME" : "no");
     if (!f.json_path.empty()) write_json(f, info, rows);
   }
   raw.reset();
@@ -190,6 +208,9 @@ int run(const Flags& f) {
 int main(int argc, char** argv) {
   CLI::App app{"comms-bench: nccl-tests-style benchmarks of comms (run under commsrun)"};
   Flags flags;
+  // all_reduce_perf and its siblings (links to comms-bench) run their op.
+  const std::string named_op = op_from_program_name(argv[0]);
+  if (!named_op.empty()) flags.op_name = named_op;
   add_flags(app, flags);
   CLI11_PARSE(app, argc, argv);
   try {

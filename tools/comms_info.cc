@@ -2,6 +2,7 @@
 // to, what hints would configure (a dry run, no device needed), and every
 // environment variable the library reads.
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -99,7 +100,7 @@ int main(int argc, char** argv) {
   CLI::App app{"comms-info: plugins, backend maps, hint dry runs and environment of libcomms"};
   std::string backend;
   std::string hints_text;
-  bool as_json = false;
+  std::string json_path;
   auto* backend_opt = app.add_option("--backend", backend, "backend string to parse, e.g. cpu:gloo,cuda:nccl");
   auto* hints_opt = app.add_option("--hints", hints_text,
                                    "k=v,... hints: print the configuration they give (dry run)");
@@ -108,8 +109,20 @@ int main(int argc, char** argv) {
       "--parallel", parallel_text,
       "world=N,tp=..,pp=..,cp=..,ep=..,etp=..,order=..,rank_offset=..: print the rank lists of every "
       "model-parallel group (Megatron's ordering), creating no communicator");
-  app.add_flag("--json", as_json, "print one JSON object");
+  // --json FILE, '-' for stdout: the same rule as comms-bench and comms-conformance.
+  app.add_option("--json", json_path, "write one JSON object to FILE ('-': stdout) instead of the text")
+      ->type_name("FILE");
   CLI11_PARSE(app, argc, argv);
+  const bool as_json = !json_path.empty();
+  std::ofstream json_file;
+  if (as_json && json_path != "-") {
+    json_file.open(json_path);
+    if (!json_file) {
+      std::fprintf(stderr, "comms-info: --json %s: cannot write there\n", json_path.c_str());
+      return 2;
+    }
+  }
+  std::ostream& json_out = json_file.is_open() ? json_file : std::cout;
 
   try {
     if (*parallel_opt) {
@@ -118,7 +131,7 @@ int main(int argc, char** argv) {
         const auto j = parallel_json(parallel_text);
         std::string out = "{";
         for (auto& [name, lists] : j.items()) str::append(out, out.size() > 1 ? ",\n  " : "\n  ", json(name).dump(), ": ", lists.dump());
-        std::cout << out << "\n}\n";
+        json_out << out << "\n}\n";
       } else {
         std::cout << parallel_text_table(parallel_text) << "\n";
       }
@@ -129,7 +142,7 @@ int main(int argc, char** argv) {
       json out = json::parse(explain_hints(spec, parse_hints(hints_text), "comms-info"));
       out["backend"] = spec.to_string();
       if (as_json) {
-        std::cout << out.dump(2) << "\n";
+        json_out << out.dump(2) << "\n";
       } else {
         std::cout << "backend " << spec.to_string() << " with hints '" << hints_text << "':\n" << out.dump(2) << "\n";
       }
@@ -150,7 +163,7 @@ int main(int argc, char** argv) {
       info["backend"] = {{"input", backend}, {"map", spec.to_string()}, {"devices", map}};
     }
     info["environment"] = environment_json();
-    if (as_json) std::cout << info.dump(2) << "\n";
+    if (as_json) json_out << info.dump(2) << "\n";
     else print_text(info);
     return 0;
   } catch (const Error& e) {

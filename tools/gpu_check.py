@@ -278,7 +278,7 @@ class Runner:
                 argv = self.commsrun(self.gpus, 280) + [
                     self.path("tools/comms-bench"), "--device", "cuda", "--backend", "cpu:gloo,cuda:nccl",
                     "--overhead", "-c", "1", "-b", size, "-e", size, "-n", str(iters), "-w", str(warmup),
-                    "-o", "all_reduce", "-d", "float32", "--json", json_path]
+                    "-C", "all_reduce", "-d", "float32", "--json", json_path]
                 rc, output, secs = self.execute("bench-%s-%d" % (size, run), argv, 300)
                 total += secs
                 if rc != 0:
@@ -376,7 +376,7 @@ def run(tree, out):
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     facts = device_facts()
     runner = Runner(tree, out, gpus)
-    rc, info, _ = runner.execute("comms-info", [runner.path("tools/comms-info"), "--json"], 60)
+    rc, info, _ = runner.execute("comms-info", [runner.path("tools/comms-info"), "--json", "-"], 60)
     try:
         # NCCL may print its banner first.
         for b in json.loads(info[info.index("{"):]).get("plugins", []):

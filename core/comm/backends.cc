@@ -144,7 +144,12 @@ void Comm::Impl::ensure_ready(Slot& s, DeviceType t, OpType type, uint64_t seq) 
   progress.arrived();
   Status st = internal::call_plugin(s.plugin->name, "init", [&] { return s.backend->init(); });
   if (st.is_ok()) progress.finished();
-  if (st.code == ErrorCode::kTimeout) st.message += progress.laggards();
+  // The ranks to look at lead; the store key this rank waited for follows.
+  if (st.code == ErrorCode::kTimeout) {
+    if (const std::string who = progress.laggards(); !who.empty()) {
+      st.message = str::cat("timed out: ", who, "; the wait that expired: ", st.message);
+    }
+  }
   if (!st.is_ok()) {
     const bool eager = config_.bound_device && config_.bound_device->type == t;
     Status wrapped{st.code,

@@ -354,7 +354,8 @@ class Suite {
       for (auto& r : results_) {
         j["cases"].push_back({{"name", r.name}, {"group", r.group}, {"status", r.status}, {"reason", r.reason}});
       }
-      std::ofstream(options_.json_path) << j.dump(2) << "\n";
+      if (options_.json_path == "-") std::printf("%s\n", j.dump(2).c_str());
+      else std::ofstream(options_.json_path) << j.dump(2) << "\n";
     }
     std::printf("%d passed, %d failed, %d skipped\n", passed_, failed_, skipped_);
     std::fflush(stdout);
@@ -597,7 +598,7 @@ int main(int argc, char** argv) {
                  "cases (globs) the backend must pass: a skip of one, or a glob matching no case, fails the run")
       ->delimiter(',');
   app.add_flag("--quick", options.quick, "fewer counts and roots");
-  app.add_option("--json", options.json_path, "also write the results as JSON (rank 0)");
+  app.add_option("--json", options.json_path, "also write the results as JSON to FILE ('-': stdout) (rank 0)");
   app.add_option("--op-timeout", op_timeout_s, "timeout of every op, in seconds");
   app.add_option("--case-timeout", case_timeout_s, "time limit of one case, in seconds");
   // Hidden: the suite's own test of its cuda paths (with the selfcuda plugin).

@@ -1,9 +1,16 @@
 // comms-bench refuses ranges it cannot run, naming the flag, instead of
-// silently running something else or dying of std::bad_alloc.
+// silently running something else or dying of std::bad_alloc; nccl-tests'
+// flags keep nccl-tests' meanings.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
+
+#include <nlohmann/json.hpp>
 
 #include "subprocess.h"
 
@@ -40,7 +47,7 @@ TEST(BenchFlags, RangesThatCannotRunAreRefusedNamingTheFlag) {
       // Ran 0 bytes: the size was truncated to whole elements.
       {{"-b", "3", "-e", "3", "-d", "float32"},
        "-b/--minbytes='3' (3 bytes) is not a multiple of 4 bytes (one float32 element)"},
-      {{"-b", "4K", "-e", "4104", "-d", "float64", "-o", "all_gather"},
+      {{"-b", "4K", "-e", "4104", "-d", "float64", "-C", "all_gather"},
        "-e/--maxbytes='4104' (4104 bytes) is not a multiple of 16 bytes (one float64 element per rank, 2 ranks"},
       // Died with a bare std::bad_alloc.
       {{"-b", "99999999G"}, "-b/--minbytes='99999999G' is more than comms-bench runs, 1024G"},
@@ -60,7 +67,7 @@ TEST(BenchFlags, StepsBetweenTheFlagsAreWholeElementsPerRankAndGrowFromThem) {
   // -f 1.5 from 16 bytes gives 36 and 54, which are not multiples of 8
   // (float32 x 2 ranks for all_gather): each step rounds down to one, and
   // the next grows from the size that ran.
-  const auto p = bench(2, {"-o", "all_gather", "-b", "16", "-e", "128", "-f", "1.5", "-c", "1", "--outofplace"});
+  const auto p = bench(2, {"-C", "all_gather", "-b", "16", "-e", "128", "-f", "1.5", "-c", "1", "--outofplace"});
   ASSERT_EQ(p.exit_code(), 0) << p.output;
   std::vector<long> sizes;
   const std::regex row(R"(\[0\] +(\d+) +(\d+) +float32 )");
@@ -90,7 +97,7 @@ TEST(BenchFlags, DeviceCudaWithoutADeviceFailsWithOneErrorNamingTheReason) {
   const std::string why = COMMS_BENCH_CUDA ? "comms-bench: --device cuda: no usable CUDA device for local rank 0: "
                                            : "comms-bench: --device cuda: this comms-bench was built without CUDA";
   const std::vector<std::vector<std::string>> runs = {
-      {"--device", "cuda"}, {"--device", "cuda", "--overhead", "-c", "1"}, {"--device", "cuda", "--raw-nccl", "-o", "all_gather"}};
+      {"--device", "cuda"}, {"--device", "cuda", "--overhead", "-c", "1"}, {"--device", "cuda", "--raw-nccl", "-C", "all_gather"}};
   for (const auto& args : runs) {
     const auto p = bench(1, args, {{"CUDA_VISIBLE_DEVICES", "-1"}});
     expect_refused(p, why);
@@ -105,12 +112,121 @@ TEST(BenchFlags, DeviceCudaWithoutADeviceFailsWithOneErrorNamingTheReason) {
 TEST(BenchFlags, ReductionsNcclLacksAreRefusedOnCudaNamingTheFlags) {
   if (!COMMS_BENCH_CUDA) GTEST_SKIP() << "built without CUDA: --device cuda is refused before any op is looked at";
   // Refused before the device is looked for, so it holds here without one.
-  expect_refused(bench(1, {"--device", "cuda", "-d", "int32", "-r", "bor"}, {{"CUDA_VISIBLE_DEVICES", "-1"}}),
+  expect_refused(bench(1, {"--device", "cuda", "-d", "int32", "-o", "bor"}, {{"CUDA_VISIBLE_DEVICES", "-1"}}),
                  "comms-bench: --device cuda: nccl cannot reduce int32 with bor: NCCL has no bitwise reductions "
-                 "(-o/--op=all_reduce, -d/--datatype=int32, -r/--redop=bor)");
-  expect_refused(bench(1, {"--device", "cuda", "-o", "reduce_scatter", "-d", "bool", "-r", "bxor", "--overhead"},
+                 "(-C/--coll=all_reduce, -d/--datatype=int32, -o/--op=bor)");
+  expect_refused(bench(1, {"--device", "cuda", "-C", "reduce_scatter", "-d", "bool", "-o", "bxor", "--overhead"},
                        {{"CUDA_VISIBLE_DEVICES", "-1"}}),
-                 "nccl cannot reduce bool with bxor: NCCL has no logical xor (-o/--op=reduce_scatter");
+                 "nccl cannot reduce bool with bxor: NCCL has no logical xor (-C/--coll=reduce_scatter");
+}
+
+// A folder of its own, removed at the end.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string templ = (std::filesystem::temp_directory_path() / "bench_flags_XXXXXX").string();
+    path = ::mkdtemp(templ.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// nccl-tests' habits: -o is the reduce op, -r the root, -b/-e/-f the sizes.
+// A reduce to root 1 with max is checked on rank 1 against max over ranks,
+// so an -o or -r read as anything else shows as wrong results or a refusal.
+TEST(BenchFlags, NcclTestsFlagsKeepNcclTestsMeanings) {
+  TempDir dir;
+  const std::string json = (dir.path / "out.json").string();
+  const auto p = bench(2, {"-C", "reduce", "-o", "max", "-r", "1", "-b", "8", "-e", "1M", "-f", "2", "-d", "int32",
+                           "--json", json});
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  EXPECT_NE(p.output.find("# no wrong results"), std::string::npos) << p.output;
+  const auto rows = nlohmann::json::parse(std::ifstream(json));
+  ASSERT_EQ(rows.size(), 2u * 18) << "8 B to 1 MiB doubling, in and out of place: " << rows.dump();
+  EXPECT_EQ(rows.front()["bytes"], 8);
+  EXPECT_EQ(rows.back()["bytes"], 1 << 20);
+  for (const auto& r : rows) {
+    EXPECT_EQ(r["op"], "reduce");
+    EXPECT_EQ(r["redop"], "max");
+    EXPECT_EQ(r["root"], 1);
+    EXPECT_EQ(r["dtype"], "int32");
+    EXPECT_EQ(r["wrong"], 0);
+  }
+  // The check is on by default (nccl-tests' -c 1): broadcast from root 1
+  // compares every rank's buffer with rank 1's values.
+  const auto b = bench(2, {"-C", "broadcast", "-r", "1", "-b", "4K", "-e", "4K"});
+  ASSERT_EQ(b.exit_code(), 0) << b.output;
+  EXPECT_NE(b.output.find("# no wrong results"), std::string::npos) << b.output;
+}
+
+// -i steps by bytes instead of -f's factor; -a picks how ranks' times
+// combine and is reported; -a 4 is not one of nccl-tests' values.
+TEST(BenchFlags, StepBytesAndAverageFollowNcclTests) {
+  TempDir dir;
+  const std::string json = (dir.path / "out.json").string();
+  const auto p = bench(2, {"-b", "4K", "-e", "16K", "-i", "4K", "-a", "1", "--outofplace", "--json", json});
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  std::vector<long> sizes;
+  for (const auto& r : nlohmann::json::parse(std::ifstream(json))) {
+    sizes.push_back(r["bytes"].get<long>());
+    EXPECT_EQ(r["average"], 1);
+  }
+  EXPECT_EQ(sizes, (std::vector<long>{4096, 8192, 12288, 16384}));
+  const auto refused = bench(1, {"-a", "4"});
+  EXPECT_NE(refused.exit_code(), 0) << refused.output;
+  EXPECT_NE(refused.output.find("-a"), std::string::npos) << refused.output;
+}
+
+TEST(BenchFlags, RootOutsideTheJobSeveralDevicesPerProcessAndACollectiveAsTheReduceOpAreRefused) {
+  expect_refused(bench(2, {"-C", "broadcast", "-r", "2"}),
+                 "comms-bench: -r/--root=2 is not a rank of this 2-rank job (0 to 1)");
+  expect_refused(bench(1, {"-g", "2"}), "comms-bench: -g/--ngpus=2: comms-bench drives one device per process");
+  // The old meaning of -o is refused pointing at the new flag.
+  expect_refused(bench(1, {"-o", "all_gather"}),
+                 "comms-bench: -o/--op='all_gather' is a collective, but -o is the reduce op (sum, max, ...) as in "
+                 "nccl-tests: give the collective with -C/--coll all_gather");
+}
+
+// all_reduce_perf & co. (links to comms-bench, as make install lays them
+// out) run the collective their name says.
+TEST(BenchFlags, TheProgramNameChoosesTheCollective) {
+  TempDir dir;
+  for (const auto& [name, op] : std::map<std::string, std::string>{{"all_gather_perf", "all_gather"},
+                                                                   {"alltoall_perf", "all_to_all"}}) {
+    const auto link = dir.path / name;
+    std::filesystem::create_symlink(COMMS_BENCH, link);
+    const auto p = run({COMMSRUN, "-n", "2", "--timeout", "60", link.string(), "-n", "1", "-w", "0", "-b", "4K", "-e",
+                        "4K", "--outofplace"},
+                       {{"COMMS_BACKEND", "cpu:gloo"}}, 90s);
+    ASSERT_EQ(p.exit_code(), 0) << p.output;
+    EXPECT_NE(p.output.find("# comms-bench " + op + ", 2 ranks"), std::string::npos) << p.output;
+    EXPECT_NE(p.output.find("# no wrong results"), std::string::npos) << p.output;
+  }
+}
+
+TEST(BenchFlags, HelpShowsEveryDefault) {
+  const auto p = run({COMMS_BENCH, "--help"}, {}, 30s);
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  for (const char* shown : {R"(-c,--check INT:INT in \[0 - 1\]=1)", R"(-o,--op TEXT=sum)",
+                            R"(-r,--root INT:NONNEGATIVE=0)", R"(-b,--minbytes TEXT=4K)", R"(-n,--iters INT:POSITIVE=20)",
+                            R"(-a,--average INT:INT in \[0 - 3\]=3)", R"(-C,--coll TEXT:\{.*\}=all_reduce)"}) {
+    EXPECT_TRUE(std::regex_search(p.output, std::regex(shown))) << shown << "\n" << p.output;
+  }
+}
+
+// --json -: the JSON alone on rank 0's stdout (the same rule as comms-info
+// and comms-conformance).
+TEST(BenchFlags, JsonDashWritesOnlyTheJsonToStdout) {
+  const auto p = bench(1, {"-b", "4K", "-e", "8K", "--outofplace", "--json", "-"});
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  std::string json;
+  std::istringstream lines(p.output);
+  for (std::string line; std::getline(lines, line);) {
+    ASSERT_EQ(line.rfind("[0] ", 0), 0u) << "not rank 0's output: " << line << "\n" << p.output;
+    json += line.substr(4) + "\n";
+  }
+  const auto rows = nlohmann::json::parse(json);
+  ASSERT_EQ(rows.size(), 2u) << json;
+  EXPECT_EQ(rows[1]["bytes"], 8192);
 }
 
 }  // namespace

@@ -262,8 +262,8 @@ TEST(StoreRendezvous, AnInitTimeoutNamesTheRankThatNeverArrived) {
   EXPECT_NE(p.exit_code(), 0) << p.output;
   for (int rank : {0, 1}) {
     EXPECT_TRUE(std::regex_search(p.output, std::regex("\\[" + std::to_string(rank) +
-                                                       "\\] trainer: .*timeout.*\\(rank 2 of 3 never arrived at "
-                                                       "this init\\)")))
+                                                       "\\] trainer: .*timed out: rank 2 of 3 never arrived at "
+                                                       "this init; the wait that expired: ")))
         << "rank " << rank << "\n" << p.output;
   }
 }

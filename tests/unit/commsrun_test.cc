@@ -460,7 +460,11 @@ TEST(Commsrun, BadUsageIsRejectedWithAClearMessage) {
        "--node-rank 2 is out of range"},
       {{"-n", "1", "--nnodes", "2", "--node-rank", "0", "--", "true"}, "explicit, non-zero --master-port"},
       {{"-n", "1", "--", "no-such-program-for-commsrun"}, "no-such-program-for-commsrun: command not found or not executable"},
-      {{"-n", "1", "echo", "--", "x"}, "unexpected 'echo' before --"},
+      {{"-n", "1", "--no-such-option", "--", "true"}, "unexpected '--no-such-option' before --"},
+      {{"-n", "1", "--no-such-option", "true"}, "unexpected '--no-such-option' before the program"},
+      {{"--nproc_per_node=two", "true"}, "--nproc-per-node='two': give a number or auto"},
+      {{"--standalone", "--nnodes", "2", "--master-port", "1234", "true"}, "--standalone is a single-node job"},
+      {{"--store-only", "true"}, "--store-only starts no program, but 'true' was given"},
       {{"-n", "1", "--", "/nonexistent/program"}, "/nonexistent/program: command not found or not executable"},
   };
   for (const auto& c : cases) {

@@ -33,6 +33,11 @@ struct Decision {
 
 const std::map<std::string, Decision>& decisions() {
   static const std::map<std::string, std::string> rank0 = {{"COMMS_RANK", "0"}, {"COMMS_WORLD_SIZE", "1"}};
+  // Two ranks under srun: the store's address comes from Slurm's variables.
+  static const std::map<std::string, std::string> slurm_job = {
+      {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODELIST", "localhost"}};
+  static const std::map<std::string, std::string> slurm_nodes = {
+      {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "1"}};
   static const std::map<std::string, Decision> d = {
       {"COMMS_BACKEND", {Malformed{"COMMS_BACKEND", "cpu=gloo"}}},
       {"COMMS_ROUTE", {Malformed{"COMMS_ROUTE", "sideways"}}},
@@ -81,6 +86,15 @@ const std::map<std::string, Decision>& decisions() {
       {"SLURM_LOCALID", {Malformed{"SLURM_LOCALID", "x", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}}}},
       {"SLURM_NTASKS_PER_NODE",
        {Malformed{"SLURM_NTASKS_PER_NODE", "x4", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}}}},
+      {"SLURM_JOB_ID", {Malformed{"SLURM_JOB_ID", "x", slurm_job}}},
+      {"SLURM_STEP_ID", {std::nullopt, "only names the file store's subfolder with SLURM_JOB_ID; Slurm's own "
+                                       "values include words (batch, extern)"}},
+      {"SLURM_STEP_NODELIST", {Malformed{"SLURM_STEP_NODELIST", "node[01-", slurm_nodes}}},
+      {"SLURM_JOB_NODELIST", {Malformed{"SLURM_JOB_NODELIST", "node]", slurm_nodes}}},
+      {"SLURM_NODELIST", {Malformed{"SLURM_NODELIST", "n[a-b]", slurm_nodes}}},
+      {"COMMS_JOB_ID", {Malformed{"COMMS_JOB_ID", "a/b", {{"COMMS_STORE", "file:///tmp/comms-env-probe-store"}}}}},
+      {"CUDA_VISIBLE_DEVICES", {std::nullopt, "read by commsrun --nproc-per-node=auto only, as CUDA reads it: up "
+                                              "to its first invalid entry"}},
       {"PATH", {std::nullopt, "a list of directories commsrun searches for the program, as execvp(3) does; "
                               "one that does not exist is skipped"}},
       {"COMMS_GLOO_IFNAME", {Malformed{"COMMS_GLOO_IFNAME", "nosuchif0"}}},

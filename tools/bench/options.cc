@@ -80,22 +80,47 @@ void check_range(const std::string& min_text, const std::string& max_text, size_
   }
 }
 
+std::string op_from_program_name(std::string_view argv0) {
+  const size_t slash = argv0.rfind('/');
+  std::string_view name = slash == std::string_view::npos ? argv0 : argv0.substr(slash + 1);
+  if (!str::consume_suffix(name, "_perf")) return "";
+  // nccl-tests' spellings where ours differ.
+  if (name == "alltoall") return "all_to_all";
+  if (name == "sendrecv") return "send_recv";
+  for (const auto& o : kOps) {
+    if (name == o.name) return o.name;
+  }
+  return "";
+}
+
 void add_flags(CLI::App& app, Flags& flags) {
   std::vector<std::string> op_names;
   for (const auto& o : kOps) op_names.emplace_back(o.name);
-  app.add_option("-o,--op", flags.op_name, "operation")->check(CLI::IsMember(op_names));
+  app.option_defaults()->always_capture_default();
+  // nccl-tests' flags, with its meanings.
   app.add_option("-b,--minbytes", flags.min_size, "smallest size (K, M, G suffixes)");
   app.add_option("-e,--maxbytes", flags.max_size, "largest size");
+  app.add_option("-i,--stepbytes", flags.step_bytes, "add this many bytes between rows instead of -f (0: use -f)");
   app.add_option("-f,--stepfactor", flags.factor, "size multiplier between rows")->check(CLI::Range(1.01, 1e9));
-  app.add_option("-d,--datatype", flags.dtype_name, "data type");
-  app.add_option("-r,--redop", flags.redop_name, "reduce op");
+  app.add_option("-g,--ngpus", flags.ngpus, "devices per process: 1 (start one rank per device with commsrun -n)");
   app.add_option("-n,--iters", flags.iters, "timed iterations")->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup", flags.warmup, "warm-up iterations")->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", flags.check, "1: check results and report #wrong")->check(CLI::Range(0, 1));
+  app.add_option("-w,--warmup_iters", flags.warmup, "warm-up iterations")->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--check", flags.check, "1: check results and report #wrong; 0: do not")->check(CLI::Range(0, 1));
+  app.add_option("-o,--op", flags.redop_name, "reduce op: sum, prod, min, max, avg, band, bor, bxor, premul_sum:F");
+  app.add_option("-r,--root", flags.root, "root rank of broadcast, reduce, gather and scatter")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("-d,--datatype", flags.dtype_name, "data type (int8, int32, float, half, bfloat16, double, ...)");
+  app.add_option("-a,--average", flags.average,
+                 "how an iteration's time combines over ranks: 0 rank 0's, 1 mean, 2 min, 3 max (the slowest "
+                 "rank; nccl-tests' default is 1)")
+      ->check(CLI::Range(0, 3));
+  // comms-bench's own.
+  app.add_option("-C,--coll", flags.op_name, "collective (default: from a program name like all_reduce_perf)")
+      ->check(CLI::IsMember(op_names));
   app.add_flag("--inplace", flags.inplace, "only in-place");
   app.add_flag("--outofplace", flags.outofplace, "only out-of-place (default: both)");
   app.add_option("--backend", flags.backend, "backend string (default COMMS_BACKEND, else the default map)");
-  app.add_option("--json", flags.json_path, "write the results as JSON");
+  app.add_option("--json", flags.json_path, "write the results as JSON to FILE ('-': stdout)")->type_name("FILE");
   app.add_option("--device", flags.device_name, "where the buffers live: cpu, or cuda (the local rank's GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--hint", flags.hint_texts, "a comm hint KEY=VALUE, e.g. nccl.max_ctas=4 (repeatable)");

@@ -28,13 +28,18 @@ extern const OpInfo kOps[kNumOps];
 // The largest size a row may have. Each rank holds two buffers of it.
 constexpr size_t kMaxBytes = size_t{1} << 40;
 
-// Every flag, as given.
+// How a row's per-iteration times combine over ranks (nccl-tests' -a).
+enum class Average { kRank0 = 0, kMean = 1, kMin = 2, kMax = 3 };
+
+// Every flag, as given. The names and one-letter flags are nccl-tests'
+// (-o is the reduce op, -r the root); the collective is -C/--coll, or comes
+// from the program's name (all_reduce_perf, ... as nccl-tests' binaries).
 struct Flags {
   std::string op_name = "all_reduce", min_size = "4K", max_size = "4K", dtype_name = "float32", redop_name = "sum";
-  std::string backend, json_path, device_name = "cpu";
+  std::string backend, json_path, device_name = "cpu", step_bytes = "0";
   std::vector<std::string> hint_texts;
   double factor = 2;
-  int iters = 20, warmup = 5, check = 0;
+  int iters = 20, warmup = 5, check = 1, root = 0, ngpus = 1, average = int(Average::kMax);
   bool inplace = false, outofplace = false, raw_gloo = false, gloo_native = false, overhead = false;
   bool raw_nccl = false;
 
@@ -42,6 +47,10 @@ struct Flags {
 };
 
 void add_flags(CLI::App& app, Flags& flags);
+// The collective a program named like nccl-tests' binaries runs
+// ("all_reduce_perf" -> "all_reduce", "alltoall_perf" -> "all_to_all"), or
+// "" for any other name (a path's folders are ignored).
+std::string op_from_program_name(std::string_view argv0);
 
 // Throws comms::Error(kInvalidArgument) "<flag><why>".
 [[noreturn]] void bad_flag(std::string_view flag, const std::string& why);

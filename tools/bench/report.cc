@@ -48,7 +48,8 @@ void write_json(const Flags& flags, const RunInfo& run, const std::vector<Row>& 
     out.push_back({{"op", r.op}, {"bytes", r.bytes}, {"count", r.count}, {"dtype", r.dtype}, {"redop", r.redop},
                    {"placement", r.placement}, {"time_us", r.mean_us}, {"p50_us", r.p50_us},
                    {"p99_us", r.p99_us}, {"algbw_gbps", r.algbw}, {"busbw_gbps", r.busbw}, {"wrong", r.wrong},
-                   {"ranks", run.ranks}, {"device", flags.device_name}, {"raw_gloo", r.raw && !cuda},
+                   {"ranks", run.ranks}, {"root", flags.root}, {"average", flags.average},
+                   {"device", flags.device_name}, {"raw_gloo", r.raw && !cuda},
                    {"raw_nccl", r.raw && cuda},
                    {"baseline", flags.gloo_native ? "gloo-native"
                                 : r.raw           ? (cuda ? "raw-nccl" : "same-algorithm")
@@ -62,7 +63,8 @@ void write_json(const Flags& flags, const RunInfo& run, const std::vector<Row>& 
       out.back()["overhead_pct"] = 100.0 * (r.p50_us - r.raw_p50_us) / r.raw_p50_us;
     }
   }
-  std::ofstream(flags.json_path) << out.dump(2) << "\n";
+  if (flags.json_path == "-") std::printf("%s\n", out.dump(2).c_str());
+  else std::ofstream(flags.json_path) << out.dump(2) << "\n";
 }
 
 }  // namespace comms::bench

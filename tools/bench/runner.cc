@@ -51,19 +51,19 @@ void Bench::issue(const Shape& s, bool use_raw) {
   const OpOptions& opts = s.opts;
   void* output = in_place ? in_base : out_base;
   if (use_raw && cuda_) {
-    cuda_->run_raw(op_.type, in_base, output, count, dtype_, redop_, 0, peer);
+    cuda_->run_raw(op_.type, in_base, output, count, dtype_, redop_, root_, peer);
     return;
   }
   if (use_raw) {
-    raw_->run(op_.type, in_.data(), output, count, dtype_, redop_.kind, 0, peer);
+    raw_->run(op_.type, in_.data(), output, count, dtype_, redop_.kind, root_, peer);
     return;
   }
   BufferView in{in_base, count, dtype_, s.device};
   BufferView out{output, count, dtype_, s.device};
   switch (op_.type) {
     case OpType::kAllReduce: comm_->all_reduce(in, out, redop_, opts); break;
-    case OpType::kReduce: comm_->reduce(in, out, 0, redop_, opts); break;
-    case OpType::kBroadcast: comm_->broadcast(in, 0, opts); break;
+    case OpType::kReduce: comm_->reduce(in, out, root_, redop_, opts); break;
+    case OpType::kBroadcast: comm_->broadcast(in, root_, opts); break;
     case OpType::kAllGather:
       out.count = count * n;
       if (in_place) in.data = in_base + rank * count * es;
@@ -80,13 +80,13 @@ void Bench::issue(const Shape& s, bool use_raw) {
       break;
     case OpType::kGather:
       out.count = count * n;
-      if (in_place) in.data = out_base + 0;  // root 0's slice
-      comm_->gather(in, out, 0, opts);
+      if (in_place && rank == root_) in.data = in_base + root_ * count * es;  // the root's own slice
+      comm_->gather(in, out, root_, opts);
       break;
     case OpType::kScatter:
       in.count = count * n;
-      if (in_place && rank == 0) out.data = in_base;
-      comm_->scatter(in, out, 0, opts);
+      if (in_place && rank == root_) out.data = in_base + root_ * count * es;
+      comm_->scatter(in, out, root_, opts);
       break;
     case OpType::kBarrier: comm_->barrier(opts); break;
     case OpType::kSend: {
@@ -146,9 +146,8 @@ Row Bench::summarize(const Shape& s, std::vector<double>& times, std::vector<dou
                      bool primary_raw) const {
   const size_t count = s.count, es = s.es;
   const int n = s.n;
-  // Each iteration takes as long as its slowest rank.
-  comm_->all_reduce(BufferView::of(times), ReduceOp::max());
-  if (overhead_) comm_->all_reduce(BufferView::of(raw_times), ReduceOp::max());
+  combine_over_ranks(times);
+  if (overhead_) combine_over_ranks(raw_times);
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   Row row;
@@ -178,6 +177,15 @@ Row Bench::summarize(const Shape& s, std::vector<double>& times, std::vector<dou
                             op_.type, gloo_backend::sync_algorithm_for(op_.type, count * es, n)))
                       : std::string();
   return row;
+}
+
+void Bench::combine_over_ranks(std::vector<double>& times) const {
+  switch (average_) {
+    case Average::kRank0: comm_->broadcast(BufferView::of(times), 0); break;
+    case Average::kMean: comm_->all_reduce(BufferView::of(times), ReduceOp::avg()); break;
+    case Average::kMin: comm_->all_reduce(BufferView::of(times), ReduceOp::min()); break;
+    case Average::kMax: comm_->all_reduce(BufferView::of(times), ReduceOp::max()); break;
+  }
 }
 
 // Checks the output against the closed form for the values fill() wrote.
@@ -213,11 +221,11 @@ int64_t Bench::count_wrong(size_t count, bool in_place, int rank, int n, int pee
       for (size_t i = 0; i < count; ++i) wrong += !same(out, i, reduced(i));
       break;
     case OpType::kReduce:
-      if (rank == 0)
+      if (rank == root_)
         for (size_t i = 0; i < count; ++i) wrong += !same(out, i, reduced(i));
       break;
     case OpType::kBroadcast:
-      for (size_t i = 0; i < count; ++i) wrong += !same(in_.data(), i, value(0, i));
+      for (size_t i = 0; i < count; ++i) wrong += !same(in_.data(), i, value(root_, i));
       break;
     case OpType::kAllGather:
       for (size_t j = 0; j < count * n; ++j) {

@@ -32,10 +32,13 @@ class Bench {
   // `cuda`: buffers on its device and ops on its stream, its raw NCCL as
   // the baseline; else CPU buffers and `raw` (Gloo). `has_raw`: a baseline
   // was connected (--raw-*, --overhead).
-  Bench(std::shared_ptr<Comm> comm, const OpInfo& op, DataType dtype, ReduceOp redop, int iters, int warmup,
-        bool check, gloo_backend::RawGloo* raw, CudaBench* cuda, bool has_raw, bool overhead)
-      : comm_(std::move(comm)), op_(op), dtype_(dtype), redop_(redop), iters_(iters), warmup_(warmup),
-        check_(check), raw_(raw), cuda_(cuda), has_raw_(has_raw), overhead_(overhead) {}
+  // `root`: of broadcast, reduce, gather and scatter (-r); `average`: how
+  // an iteration's times on the ranks combine (-a).
+  Bench(std::shared_ptr<Comm> comm, const OpInfo& op, DataType dtype, ReduceOp redop, int root, Average average,
+        int iters, int warmup, bool check, gloo_backend::RawGloo* raw, CudaBench* cuda, bool has_raw, bool overhead)
+      : comm_(std::move(comm)), op_(op), dtype_(dtype), redop_(redop), root_(root), average_(average),
+        iters_(iters), warmup_(warmup), check_(check), raw_(raw), cuda_(cuda), has_raw_(has_raw),
+        overhead_(overhead) {}
 
   Row run(size_t bytes, bool in_place);
 
@@ -59,6 +62,8 @@ class Bench {
   int64_t check(const Shape& s, bool primary_raw);
   Row summarize(const Shape& s, std::vector<double>& times, std::vector<double>& raw_times, int64_t wrong,
                 bool primary_raw) const;
+  // Combines each iteration's time over the ranks as -a says.
+  void combine_over_ranks(std::vector<double>& times) const;
   // Checks the output against the closed form for the values fill() wrote.
   int64_t count_wrong(size_t count, bool in_place, int rank, int n, int peer) const;
 
@@ -66,6 +71,8 @@ class Bench {
   const OpInfo& op_;
   DataType dtype_;
   ReduceOp redop_;
+  int root_;
+  Average average_;
   int iters_, warmup_;
   bool check_;
   gloo_backend::RawGloo* raw_;

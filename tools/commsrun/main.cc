@@ -3,7 +3,12 @@
 // down as soon as one rank fails.
 //
 //   commsrun -n N [--master-addr A] [--master-port P] [--nnodes K --node-rank R]
-//            [--timeout S] [--grace S] [--exit-barrier-timeout S] -- PROGRAM ARGS...
+//            [--timeout S] [--grace S] [--exit-barrier-timeout S] [--] PROGRAM ARGS...
+//   commsrun --store-only [--master-addr A] [--master-port P] [--timeout S]
+//
+// torchrun's spellings work too (--nproc_per_node, --master_addr, --node_rank,
+// --standalone, --nproc-per-node=auto). --store-only hosts the store alone,
+// for ranks started some other way (COMMS_STORE=tcp://A:P).
 //
 // Ranks get the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus COMMS_LAUNCHER_STORE=1.
@@ -23,7 +28,11 @@
 // relays), launcher (the node's event loop), exit_barrier (multi-node exit).
 #include <signal.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
 #include <memory>
+#include <optional>
 
 #include "comms/error.h"
 #include "comms/store.h"
@@ -43,7 +52,8 @@ using commsrun::say;
 bool choose_token(commsrun::LaunchOptions& options) {
   try {
     options.store_token = comms::store_auth::token_from_environment();
-    if (options.store_token.empty() && options.nnodes == 1) {
+    // --store-only serves ranks started elsewhere: a token made here would not reach them.
+    if (options.store_token.empty() && options.nnodes == 1 && !options.store_only) {
       options.store_token = comms::store_auth::new_token();
       options.token_generated = true;
     }
@@ -59,14 +69,42 @@ bool choose_token(commsrun::LaunchOptions& options) {
   return true;
 }
 
+// --store-only: serves until SIGINT/SIGTERM/SIGHUP or --timeout. The
+// signals are blocked already; they are waited for here.
+int serve_store_only(const commsrun::LaunchOptions& options, comms::TcpStoreServer& store, const sigset_t& handled) {
+  const std::string address = str::cat("tcp://", options.master_addr, ":", store.port());
+  std::printf("%s\n", address.c_str());
+  std::fflush(stdout);
+  say(str::cat("hosting the store at ", address, " until killed",
+               options.timeout_s > 0 ? str::cat(" or for ", commsrun::seconds_text(options.timeout_s), " s") : "",
+               "; start each rank with COMMS_STORE=", address,
+               options.store_token.empty() ? "" : " and the same COMMS_STORE_TOKEN"));
+  timespec limit{};
+  if (options.timeout_s > 0) {
+    limit.tv_sec = static_cast<time_t>(options.timeout_s);
+    limit.tv_nsec = static_cast<long>((options.timeout_s - double(limit.tv_sec)) * 1e9);
+  }
+  for (;;) {
+    const int sig = options.timeout_s > 0 ? ::sigtimedwait(&handled, nullptr, &limit) : ::sigwaitinfo(&handled, nullptr);
+    if (sig == SIGCHLD || (sig < 0 && errno == EINTR)) continue;
+    if (sig < 0) {
+      say("store-only: --timeout reached; the store stops");
+      return 0;
+    }
+    say(str::cat("store-only: ", commsrun::signal_name(sig), "; the store stops"));
+    return 0;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   commsrun::LaunchOptions options;
   if (auto code = commsrun::parse_command_line(argc, argv, &options)) return *code;
 
-  auto program_path = commsrun::find_program(options.command.front());
-  if (!program_path) {
+  std::optional<std::string> program_path;
+  if (!options.store_only) program_path = commsrun::find_program(options.command.front());
+  if (!options.store_only && !program_path) {
     say(str::cat("error: ", options.command.front(), ": command not found or not executable"));
     return 127;
   }
@@ -94,6 +132,7 @@ int main(int argc, char** argv) {
     }
     port = store->port();
   }
+  if (options.store_only) return serve_store_only(options, *store, handled);
   commsrun::Launcher launcher(std::move(options), std::move(*program_path));
   return launcher.run(port);
 }
