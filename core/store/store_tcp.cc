@@ -7,8 +7,11 @@
 // the deadline the client sent, so the connection stays in step. A client
 // is safe from several threads, as store.h promises: a caller that finds the
 // client's connection busy (say, another thread blocked in get) takes a
-// spare connection to the same server, opened on first need and kept for
-// reuse, so no caller queues behind another's blocking get. (c10d's
+// spare connection to the same server for that one request, so no caller
+// queues behind another's blocking get. Spares are closed after use: a pool
+// would grow whenever two callers happened to collide (the flight
+// recorder's watcher polls the store from its own thread), and a process's
+// descriptor count must not depend on such timing. (c10d's
 // TCPStore serializes them instead, which deadlocks two comms whose
 // rendezvous wait on each other from two threads.)
 #include <algorithm>
@@ -311,23 +314,11 @@ class TcpStore final : public Store {
     return exchange(request, deadline, what);
   }
 
-  // The connection is busy with another thread's request: run this one on an
-  // idle spare connection (a new one if none is idle), and keep the spare for
-  // the next caller unless it broke.
+  // The connection is busy with another thread's request: run this one on a
+  // connection of its own, closed when the request is answered.
   wire::Response call_on_spare(const wire::Request& request, Clock::time_point deadline, const std::string& what) {
-    std::unique_ptr<TcpStore> spare;
-    {
-      std::lock_guard<std::mutex> lock(spares_mu_);
-      if (!spares_.empty()) {
-        spare = std::move(spares_.back());
-        spares_.pop_back();
-      }
-    }
-    if (!spare) spare = std::make_unique<TcpStore>(host_, port_, connect_timeout_, token_);
-    auto response = spare->call(request, deadline, what);  // throws: the spare is dropped
-    std::lock_guard<std::mutex> lock(spares_mu_);
-    spares_.push_back(std::move(spare));
-    return response;
+    TcpStore spare(host_, port_, connect_timeout_, token_);
+    return spare.call(request, deadline, what);
   }
 
   // One exchange on this connection; the caller holds mu_.
@@ -386,8 +377,6 @@ class TcpStore final : public Store {
   std::string local_address_;
   std::chrono::milliseconds connect_timeout_;
   std::mutex mu_;  // one request/response at a time on this connection
-  std::mutex spares_mu_;
-  std::vector<std::unique_ptr<TcpStore>> spares_;  // idle extra connections
   asio::io_context io_;
   tcp::socket socket_;
   std::string broken_;  // why the connection is unusable; empty while it is fine
