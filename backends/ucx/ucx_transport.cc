@@ -1,11 +1,16 @@
 #include "ucx_transport.h"
 
 #include <poll.h>
+#include <signal.h>
+#include <unistd.h>
 #include <sched.h>
 #include <stdio.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <set>
 #include <stdexcept>
@@ -21,6 +26,7 @@ using Kind = TransportError::Kind;
 // Tag: class (4 bits) | sender rank (28 bits) | sequence or user tag (32 bits).
 constexpr uint64_t kP2PClass = 8;
 constexpr uint64_t kFullMask = ~uint64_t{0};
+constexpr uint32_t kHandshakeTag = 0xffffffffu;  // a p2p tag: users' tags are below it in practice
 uint64_t make_tag(uint64_t cls, int sender, uint32_t low) {
   return (cls << 60) | (uint64_t(uint32_t(sender) & 0x0fffffffu) << 32) | low;
 }
@@ -56,7 +62,39 @@ std::string transport_pairs(const std::string& text, const std::regex& re) {
   return out;
 }
 
+// This host and PID namespace: peers that share it are watched by PID.
+std::string host_identity() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  char ns[128] = {};
+  const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  return std::string(host) + "|" + (n > 0 ? std::string(ns, static_cast<size_t>(n)) : "");
+}
+
+// False once the process has exited (or is a zombie nobody reaped yet).
+bool process_alive(int pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos || close + 2 >= text.size()) return !text.empty();
+  const char state = text[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
 }  // namespace
+
+void UcxTransport::check_peer_alive(int peer) {
+  const int pid = pids_[static_cast<size_t>(peer)];
+  if (pid <= 0 || peer_status_[static_cast<size_t>(peer)]) return;
+  const auto now = Clock::now();
+  if (now < next_liveness_check_) return;
+  next_liveness_check_ = now + kLivenessPeriod;
+  if (!process_alive(pid)) {
+    peer_status_[static_cast<size_t>(peer)] = UCS_ERR_CONNECTION_RESET;
+    dead_pid_[static_cast<size_t>(peer)] = true;
+  }
+}
 
 UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogFn log)
     : rank_(rank),
@@ -64,7 +102,9 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
       log_(log),
       peer_status_(static_cast<size_t>(size)),
       send_seq_(static_cast<size_t>(size), std::vector<uint32_t>(cpu_algorithms::kNumChannels, 0)),
-      recv_seq_(static_cast<size_t>(size), std::vector<uint32_t>(cpu_algorithms::kNumChannels, 0)) {
+      recv_seq_(static_cast<size_t>(size), std::vector<uint32_t>(cpu_algorithms::kNumChannels, 0)),
+      pids_(static_cast<size_t>(size), 0),
+      dead_pid_(static_cast<size_t>(size), false) {
   set_spin(settings.spin_forever, settings.spin);
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
@@ -110,20 +150,55 @@ void UcxTransport::connect(Store& store, std::chrono::milliseconds timeout) {
   ucp_address_t* address = nullptr;
   size_t length = 0;
   check(ucp_worker_get_address(worker_, &address, &length), "ucp_worker_get_address");
-  store.set("ucx/addr/" + std::to_string(rank_), std::string(reinterpret_cast<const char*>(address), length));
+  // "<host identity>\n<pid>\n<worker address>"
+  const std::string me = host_identity();
+  store.set("ucx/addr/" + std::to_string(rank_), me + "\n" + std::to_string(::getpid()) + "\n" +
+                                                     std::string(reinterpret_cast<const char*>(address), length));
   ucp_worker_release_address(worker_, address);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    const std::string remote = store.get("ucx/addr/" + std::to_string(p), timeout);
+    const std::string value = store.get("ucx/addr/" + std::to_string(p), timeout);
+    const size_t a = value.find('\n'), b = a == std::string::npos ? a : value.find('\n', a + 1);
+    if (b == std::string::npos) throw std::runtime_error("rank " + std::to_string(p) + " published a malformed UCX address");
+    const bool same_host = value.compare(0, a, me) == 0;
+    pids_[static_cast<size_t>(p)] = same_host ? std::stoi(value.substr(a + 1, b - a - 1)) : 0;
     slots_[static_cast<size_t>(p)] = {this, p};
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(value.data() + b + 1);
+    // UCX 1.13's shared-memory transports cannot report a peer's failure,
+    // and peer error mode would leave only TCP: on this host the transport
+    // watches the peer's process itself (peer_alive), across hosts UCX does.
+    ep.err_mode = same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &UcxTransport::on_peer_error;
     ep.err_handler.arg = &slots_[static_cast<size_t>(p)];
     check(ucp_ep_create(worker_, &ep, &eps_[static_cast<size_t>(p)]), "ucp_ep_create");
+  }
+  handshake(Clock::now() + timeout);
+}
+
+// A token to and from every peer, then a flush: the endpoints finish their
+// wireup (UCX moves from the bootstrap lane to shared memory or the fastest
+// transport) here rather than inside the first op, and describe() shows the
+// lanes ops use.
+void UcxTransport::handshake(Clock::time_point deadline) {
+  uint8_t out = 1;
+  std::vector<uint8_t> in(static_cast<size_t>(size_), 0);
+  std::vector<P2P> ops;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    ops.push_back({true, p, kHandshakeTag, &out, 1});
+    ops.push_back({false, p, kHandshakeTag, &in[static_cast<size_t>(p)], 1});
+  }
+  point_to_point(ops, deadline);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    ucp_request_param_t param{};
+    void* req = ucp_ep_flush_nbx(eps_[static_cast<size_t>(p)], &param);
+    if (UCS_PTR_IS_ERR(req)) fail(Kind::kPeerFailure, p, "flushing the endpoint to rank " + std::to_string(p) +
+                                                              ": " + status_text(UCS_PTR_STATUS(req)));
+    wait(req, p, deadline, "flush");
   }
 }
 
@@ -137,6 +212,10 @@ void UcxTransport::on_peer_error(void* arg, ucp_ep_h, ucs_status_t status) {
 }
 
 std::string UcxTransport::peer_error(int peer) const {
+  if (dead_pid_[static_cast<size_t>(peer)]) {
+    return "rank " + std::to_string(peer) + " (pid " + std::to_string(pids_[static_cast<size_t>(peer)]) +
+           " on this host) has exited";
+  }
   const int s = peer_status_[static_cast<size_t>(peer)].load();
   return "the UCX endpoint to rank " + std::to_string(peer) + " failed (" +
          status_text(static_cast<ucs_status_t>(s)) + ")";
@@ -266,6 +345,7 @@ void UcxTransport::wait(void*& req, int peer, Clock::time_point deadline, const 
       cancel(req);
       fail(Kind::kAborted, peer, std::string(what) + " aborted");
     }
+    if (peer >= 0) check_peer_alive(peer);
     if (peer >= 0 && peer_status_[static_cast<size_t>(peer)]) {
       cancel(req);
       fail(Kind::kPeerFailure, peer, peer_error(peer));

@@ -97,6 +97,11 @@ class UcxTransport final : public cpu_algorithms::Transport {
     int peer = -1;
     std::vector<unsigned char> copy;
   };
+  void handshake(Clock::time_point deadline);
+  // Marks a peer on this host failed once its process has exited; checks
+  // at most every kLivenessPeriod.
+  void check_peer_alive(int peer);
+  static constexpr std::chrono::milliseconds kLivenessPeriod{50};
   static void on_peer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   // Sends without waiting for the receiver: see the header comment.
@@ -120,6 +125,9 @@ class UcxTransport final : public cpu_algorithms::Transport {
   std::vector<PeerSlot> slots_;
   std::vector<std::atomic<int>> peer_status_;  // ucs_status_t of a failed endpoint, 0 while fine
   std::vector<std::vector<uint32_t>> send_seq_, recv_seq_;  // per peer, per channel
+  std::vector<int> pids_;       // per rank: its pid when on this host, else 0 (UCX watches it)
+  std::vector<bool> dead_pid_;  // per rank: failed because its process exited
+  Clock::time_point next_liveness_check_{};
   std::vector<InFlight> in_flight_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> spin_forever_{false};
