@@ -265,7 +265,8 @@ Status UcxBackend::set_hints(const Hints& hints) {
     settings_.busy_poll = next.busy_poll;
     settings_.spin_forever = next.spin_forever;
     settings_.spin = next.spin;
-    if (transport_) transport_->set_spin(next.spin_forever, next.spin);
+    settings_.yield = next.yield;
+    if (transport_) transport_->set_spin(next.spin_forever, next.spin, next.yield);
   }
   return {};
 }
@@ -307,6 +308,7 @@ std::string UcxBackend::describe() const {
   j["rndv_thresh"] = settings_.rndv_thresh.empty() ? "(UCX_RNDV_THRESH or auto)" : settings_.rndv_thresh;
   j["busy_poll"] = settings_.busy_poll;
   j["spin_us"] = settings_.spin_forever ? -1 : settings_.spin.count();
+  j["yield_while_polling"] = settings_.yield;
   j["op_timeout_ms"] = op_timeout_.load().count();
   return j.dump();
 }

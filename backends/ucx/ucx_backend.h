@@ -19,7 +19,11 @@ inline constexpr const char* kHintKeys[] = {"tls", "rndv_thresh", "busy_poll", n
 
 // Spin before sleeping on the worker's event fd, when ranks on the host do
 // not outnumber its cores ("auto").
-inline constexpr std::chrono::microseconds kAutoSpin{1000};
+inline constexpr std::chrono::microseconds kAutoSpin{100};
+// When they do outnumber them ("auto"): poll this long, yielding the core
+// after every empty poll, then sleep. A peer that needs the core gets it at
+// once, and a message that is a few microseconds away costs no wake-up.
+inline constexpr std::chrono::microseconds kOversubscribedYield{50};
 
 // Resolves hints, then COMMS_UCX_BUSY_POLL, then defaults. UCX_TLS and
 // UCX_RNDV_THRESH in the environment stay UCX's own defaults. Errors name

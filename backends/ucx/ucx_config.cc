@@ -70,7 +70,9 @@ Status resolve_settings(const Hints& hints, int local_size, UcxSettings* out) {
   }
   cfg.busy_poll = mode;
   cfg.spin_forever = mode == "1";
-  cfg.spin = mode == "auto" && local_size <= cores() ? kAutoSpin : std::chrono::microseconds{0};
+  const bool fits = local_size <= cores();
+  cfg.spin = mode != "auto" ? std::chrono::microseconds{0} : fits ? kAutoSpin : kOversubscribedYield;
+  cfg.yield = mode == "auto";
   *out = std::move(cfg);
   return {};
 }

@@ -105,7 +105,7 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
       recv_seq_(static_cast<size_t>(size), std::vector<uint32_t>(cpu_algorithms::kNumChannels, 0)),
       pids_(static_cast<size_t>(size), 0),
       dead_pid_(static_cast<size_t>(size), false) {
-  set_spin(settings.spin_forever, settings.spin);
+  set_spin(settings.spin_forever, settings.spin, settings.yield);
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   auto modify = [&](const char* name, const std::string& value, const char* hint) {
@@ -315,7 +315,12 @@ void UcxTransport::cancel(void*& req) {
 void UcxTransport::progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until) {
   if (ucp_worker_progress(worker_)) return;
   const auto now = Clock::now();
-  if (spin_forever_ || now < spin_until) return;
+  if (spin_forever_ || now < spin_until) {
+    // Oversubscribed: hand the core to whichever rank can run (likely the
+    // peer this wait needs) instead of burning the time slice.
+    if (yield_ && (++idle_polls_ & kYieldEvery) == 0) sched_yield();
+    return;
+  }
   if (efd_ < 0) {
     sched_yield();
     return;

@@ -35,7 +35,8 @@ struct UcxSettings {
   std::string rndv_thresh;  // UCX_RNDV_THRESH; empty: UCX's own
   std::string busy_poll;    // "auto", "1" or "0"
   bool spin_forever = false;                  // busy_poll 1
-  std::chrono::microseconds spin{0};          // spin this long before sleeping on the event fd
+  std::chrono::microseconds spin{0};          // poll this long before sleeping on the event fd
+  bool yield = false;                         // sched_yield between polls (ranks outnumber cores)
 };
 
 // Messages to and from comms' log (level 0 debug .. 3 error).
@@ -82,9 +83,10 @@ class UcxTransport final : public cpu_algorithms::Transport {
   std::string devices() const;
   std::string transports() const;
 
-  void set_spin(bool forever, std::chrono::microseconds spin) {
+  void set_spin(bool forever, std::chrono::microseconds spin, bool yield) {
     spin_forever_ = forever;
     spin_us_ = spin.count();
+    yield_ = yield;
   }
 
  private:
@@ -132,6 +134,9 @@ class UcxTransport final : public cpu_algorithms::Transport {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> spin_forever_{false};
   std::atomic<int64_t> spin_us_{0};
+  std::atomic<bool> yield_{false};
+  unsigned idle_polls_ = 0;
+  static constexpr unsigned kYieldEvery = 0;  // mask: yield after every empty poll
 };
 
 }  // namespace comms::ucx_backend
