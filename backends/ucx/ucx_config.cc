@@ -2,12 +2,14 @@
 // defaults (ucx_backend.h).
 #include <sched.h>
 
+#include <algorithm>
 #include <cctype>
 
 #include <ucp/api/ucp.h>
 
 #include "comms/env.h"
 #include "ucx_backend.h"
+#include "ucx_log.h"
 
 namespace comms::ucx_backend {
 namespace {
@@ -21,6 +23,7 @@ int cores() {
 // Asks UCX whether it parses value for its variable `name`.
 Status check_ucx_value(const char* name, const std::string& value, const std::string& hint) {
   if (value.empty()) return {ErrorCode::kInvalidArgument, "hint " + hint + " is empty"};
+  const QuietUcxLogs quiet;  // the Status says it
   ucp_config_t* config = nullptr;
   if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) {
     return {ErrorCode::kInternal, "ucp_config_read failed while checking hint " + hint};
@@ -41,7 +44,11 @@ Status resolve_settings(const Hints& hints, int local_size, UcxSettings* out) {
   std::string busy_poll = env::get("COMMS_UCX_BUSY_POLL").value_or("auto");
   std::string busy_poll_from = "COMMS_UCX_BUSY_POLL";
   for (const auto& [k, v] : hints) {
-    if (k == "tls") cfg.tls = v;
+    if (k == "tls") {
+      // Hint strings separate hints with commas: "sm+self" stands for UCX's "sm,self".
+      cfg.tls = v;
+      std::replace(cfg.tls.begin(), cfg.tls.end(), '+', ',');
+    }
     else if (k == "rndv_thresh") cfg.rndv_thresh = v;
     else if (k == "busy_poll") {
       busy_poll = v;

@@ -14,6 +14,9 @@ namespace {
 // Process-wide like UCX's handler list itself; every comm passes the same
 // host sink, so the last one set wins harmlessly.
 std::atomic<void (*)(int, const char*)> g_sink{nullptr};
+thread_local int t_quiet = 0;
+
+void install_handler();
 
 int level_of(ucs_log_level_t level) {
   if (level <= UCS_LOG_LEVEL_ERROR) return 3;
@@ -24,6 +27,7 @@ int level_of(ucs_log_level_t level) {
 
 ucs_log_func_rc_t handler(const char* file, unsigned line, const char*, ucs_log_level_t level,
                           const ucs_log_component_config_t*, const char* format, va_list ap) {
+  if (t_quiet) return UCS_LOG_FUNC_RC_STOP;
   auto* sink = g_sink.load();
   if (!sink) return UCS_LOG_FUNC_RC_CONTINUE;
   char text[1024];
@@ -40,13 +44,24 @@ ucs_log_func_rc_t handler(const char* file, unsigned line, const char*, ucs_log_
   return UCS_LOG_FUNC_RC_STOP;
 }
 
+void install_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] { ucs_log_push_handler(&handler); });
+}
+
 }  // namespace
 
 void route_ucx_logs(void (*log)(int level, const char* message)) {
   if (!log) return;
   g_sink = log;
-  static std::once_flag once;
-  std::call_once(once, [] { ucs_log_push_handler(&handler); });
+  install_handler();
 }
+
+QuietUcxLogs::QuietUcxLogs() {
+  install_handler();
+  ++t_quiet;
+}
+
+QuietUcxLogs::~QuietUcxLogs() { --t_quiet; }
 
 }  // namespace comms::ucx_backend

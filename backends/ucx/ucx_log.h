@@ -9,4 +9,14 @@ namespace comms::ucx_backend {
 // replace the sink. A null sink leaves UCX's own handler printing.
 void route_ucx_logs(void (*log)(int level, const char* message));
 
+// While one lives, UCX messages from this thread are dropped: validating a
+// hint through UCX's parser reports the error in the hint's Status instead.
+class QuietUcxLogs {
+ public:
+  QuietUcxLogs();
+  ~QuietUcxLogs();
+  QuietUcxLogs(const QuietUcxLogs&) = delete;
+  QuietUcxLogs& operator=(const QuietUcxLogs&) = delete;
+};
+
 }  // namespace comms::ucx_backend

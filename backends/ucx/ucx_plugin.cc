@@ -5,6 +5,8 @@
 
 #include "comms/plugin.h"
 #include "ucx_backend.h"
+#include "ucx_log.h"
+#include "ucx_transport.h"
 
 namespace {
 
@@ -15,11 +17,26 @@ Status explain(const comms::Hints& hints, std::string* json) {
   comms::ucx_backend::UcxSettings cfg;
   Status s = comms::ucx_backend::resolve_settings(hints, 1, &cfg);
   if (!s.is_ok()) return s;
+  // The devices a context opens with these settings (UCX_TLS applies):
+  // what a comm would choose its transports from.
+  std::string devices;
+  try {
+    const comms::ucx_backend::QuietUcxLogs quiet;
+    comms::ucx_backend::UcxTransport probe(0, 1, cfg, nullptr);
+    devices = probe.devices();
+  } catch (const std::exception& e) {
+    return {comms::ErrorCode::kInvalidArgument, std::string("UCX cannot start with these settings: ") + e.what()};
+  }
+  if (devices.empty()) {
+    return {comms::ErrorCode::kInvalidArgument,
+            "UCX opened no device with tls '" + (cfg.tls.empty() ? std::string("(UCX_TLS or default)") : cfg.tls) + "'"};
+  }
   nlohmann::ordered_json j;
   j["ucx_config"] = {{"ucx_version", ucp_get_version_string()},
-                     {"tls", cfg.tls},
-                     {"rndv_thresh", cfg.rndv_thresh},
-                     {"busy_poll", cfg.busy_poll}};
+                     {"tls", cfg.tls.empty() ? "(UCX_TLS or UCX's default)" : cfg.tls},
+                     {"rndv_thresh", cfg.rndv_thresh.empty() ? "(UCX_RNDV_THRESH or auto)" : cfg.rndv_thresh},
+                     {"busy_poll", cfg.busy_poll},
+                     {"devices", devices}};
   *json = j.dump();
   return {};
 }
