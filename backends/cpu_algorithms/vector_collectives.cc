@@ -50,8 +50,8 @@ void VectorCollectives::exchange(std::span<const Block> to, std::span<const Muta
     for (size_t j = 0; j < std::max(n_out, n_in); ++j) {
       const size_t off = j * kPieceBytes;
       if (j < n_out) {
-        t_.send(dst, Channel::kExchange, user(out.data, out.bytes), off, std::min(kPieceBytes, out.bytes - off), off,
-                deadline);
+        t_.send_stable(dst, Channel::kExchange, user(out.data, out.bytes), off, std::min(kPieceBytes, out.bytes - off),
+                       off, deadline);
       }
       if (j < n_in) {
         t_.recv(src, Channel::kExchange, user(in.data, in.bytes), off, std::min(kPieceBytes, in.bytes - off),
@@ -59,6 +59,7 @@ void VectorCollectives::exchange(std::span<const Block> to, std::span<const Muta
       }
     }
   }
+  t_.wait_sends(deadline);
 }
 
 void VectorCollectives::all_to_all_v(const void* in, void* out, std::span<const size_t> send_bytes,

@@ -5,6 +5,8 @@
 // kPieceBytes piece at a time, alternating a send and a receive, so a rank
 // never has more than one unread piece in flight per peer before it reads
 // (the transport's buffering rule) and no cycle of blocked senders can form.
+// Sends go out with send_stable (the op's inputs stay unchanged), so a
+// transport that can sends them in place.
 // Reductions (reduce_scatter_v) run locally in rank order.
 #pragma once
 

@@ -250,7 +250,7 @@ void UcxTransport::reap() {
   }
 }
 
-void UcxTransport::send_buffered(int peer, uint64_t tag, const void* data, size_t len, Clock::time_point) {
+void UcxTransport::send_buffered(int peer, uint64_t tag, const void* data, size_t len, Clock::time_point deadline) {
   if (peer_status_[static_cast<size_t>(peer)]) fail(Kind::kPeerFailure, peer, peer_error(peer));
   // Done at once (eager, resources free): no copy.
   ucp_request_param_t param{};
@@ -265,17 +265,67 @@ void UcxTransport::send_buffered(int peer, uint64_t tag, const void* data, size_
     fail(Kind::kPeerFailure, peer, "UCX returned a pending request for an immediate send");
   }
   reap();
+  limit_in_flight(peer, deadline);
   auto it = std::find_if(in_flight_.begin(), in_flight_.end(), [](const InFlight& f) { return !f.req; });
   if (it == in_flight_.end()) it = in_flight_.insert(in_flight_.end(), InFlight{});
   it->copy.assign(static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + len);
   it->peer = peer;
+  it->order = ++posted_;
   it->req = post_send(peer, tag, it->copy.data(), len);
+}
+
+// A send UCX could not finish at once (rendezvous, a full shared-memory
+// FIFO) needs this rank's progress to go on; with many queued, a sleeping
+// rank stalls them all. The algorithms never need more than two unread
+// messages per link, so waiting for the oldest beyond kMaxInFlightPerPeer
+// cannot deadlock.
+void UcxTransport::limit_in_flight(int peer, Clock::time_point deadline) {
+  for (;;) {
+    InFlight* oldest = nullptr;
+    int count = 0;
+    for (auto& f : in_flight_) {
+      if (!f.req || f.peer != peer) continue;
+      ++count;
+      if (!oldest || f.order < oldest->order) oldest = &f;
+    }
+    if (count < kMaxInFlightPerPeer) return;
+    wait(oldest->req, peer, deadline, "send");
+  }
 }
 
 void UcxTransport::send(int peer, Channel ch, Region src, size_t offset, size_t len, size_t, Clock::time_point deadline) {
   const uint32_t seq = send_seq_[static_cast<size_t>(peer)][static_cast<size_t>(ch)]++;
   send_buffered(peer, make_tag(static_cast<uint64_t>(ch), rank_, seq),
                 static_cast<const unsigned char*>(src.base) + offset, len, deadline);
+}
+
+void UcxTransport::send_stable(int peer, Channel ch, Region src, size_t offset, size_t len, size_t,
+                               Clock::time_point deadline) {
+  if (peer_status_[static_cast<size_t>(peer)]) fail(Kind::kPeerFailure, peer, peer_error(peer));
+  int count = 0;  // as limit_in_flight: this op's unfinished sends to peer, oldest first
+  for (auto& [req, p] : in_place_) {
+    if (!req || p != peer || ++count < kMaxInFlightPerPeer) continue;
+    for (auto& [first, q] : in_place_) {
+      if (first && q == peer) {
+        wait(first, peer, deadline, "send");
+        break;
+      }
+    }
+  }
+  const uint32_t seq = send_seq_[static_cast<size_t>(peer)][static_cast<size_t>(ch)]++;
+  void* req = post_send(peer, make_tag(static_cast<uint64_t>(ch), rank_, seq),
+                        static_cast<const unsigned char*>(src.base) + offset, len);
+  if (req) in_place_.emplace_back(req, peer);
+}
+
+void UcxTransport::wait_sends(Clock::time_point deadline) {
+  for (auto& [req, peer] : in_place_) wait(req, peer, deadline, "send");
+  in_place_.clear();
+}
+
+void UcxTransport::op_done() {
+  for (auto& [req, peer] : in_place_) cancel(req);
+  in_place_.clear();
 }
 
 void UcxTransport::recv(int peer, Channel ch, Region dst, size_t dst_offset, size_t len, Clock::time_point deadline) {
@@ -328,7 +378,8 @@ void UcxTransport::progress_or_sleep(Clock::time_point deadline, Clock::time_poi
   if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;  // events are waiting: progress again
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
   pollfd p{efd_, POLLIN, 0};
-  ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 1, 100)));
+  // Bounded: a transport that misses a wake-up costs at most this.
+  ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 1, 10)));
 }
 
 void UcxTransport::wait(void*& req, int peer, Clock::time_point deadline, const char* what) {

@@ -59,6 +59,12 @@ class UcxTransport final : public cpu_algorithms::Transport {
             size_t dst_offset, Clock::time_point deadline) override;
   void recv(int peer, cpu_algorithms::Channel ch, cpu_algorithms::Region dst, size_t dst_offset, size_t len,
             Clock::time_point deadline) override;
+  void send_stable(int peer, cpu_algorithms::Channel ch, cpu_algorithms::Region src, size_t offset, size_t len,
+                   size_t dst_offset, Clock::time_point deadline) override;
+  void wait_sends(Clock::time_point deadline) override;
+  // Drops in-place sends an op left behind (it threw): UCX must not keep
+  // reading a buffer the caller may free.
+  void op_done() override;
   void abort() override;
 
   // Point-to-point with the caller's tag. Sends and receives are posted
@@ -97,6 +103,7 @@ class UcxTransport final : public cpu_algorithms::Transport {
   struct InFlight {
     void* req = nullptr;
     int peer = -1;
+    uint64_t order = 0;  // posting order, to wait for the oldest first
     std::vector<unsigned char> copy;
   };
   void handshake(Clock::time_point deadline);
@@ -115,6 +122,8 @@ class UcxTransport final : public cpu_algorithms::Transport {
   void progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until);
   void cancel(void*& req);
   void reap();  // frees finished in-flight copies
+  void limit_in_flight(int peer, Clock::time_point deadline);
+  static constexpr int kMaxInFlightPerPeer = 4;
   [[noreturn]] void fail(cpu_algorithms::TransportError::Kind kind, int peer, const std::string& what) const;
   std::string peer_error(int peer) const;
 
@@ -131,6 +140,8 @@ class UcxTransport final : public cpu_algorithms::Transport {
   std::vector<bool> dead_pid_;  // per rank: failed because its process exited
   Clock::time_point next_liveness_check_{};
   std::vector<InFlight> in_flight_;
+  uint64_t posted_ = 0;
+  std::vector<std::pair<void*, int>> in_place_;  // this op's send_stable requests and their peers
   std::atomic<bool> aborted_{false};
   std::atomic<bool> spin_forever_{false};
   std::atomic<int64_t> spin_us_{0};
