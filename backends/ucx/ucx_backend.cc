@@ -113,6 +113,7 @@ class UcxBackend : public plugin::Backend {
   std::atomic<std::chrono::milliseconds> op_timeout_;
   std::unique_ptr<UcxTransport> transport_;
   std::unique_ptr<cpu_algorithms::OpRunner> runner_;
+  std::string devices_, transports_;  // what the transport opened and selected, read at init
 
   mutable std::mutex broken_mu_;
   std::atomic<bool> broken_{false};
@@ -134,6 +135,9 @@ Status UcxBackend::init() {
   try {
     transport_ = std::make_unique<UcxTransport>(init_.rank, init_.size, settings_, init_.log);
     if (init_.size > 1) transport_->connect(*init_.store, init_.init_timeout);
+    // Read once: describe() may run on any thread while an op progresses the worker.
+    devices_ = transport_->devices();
+    transports_ = transport_->transports();
     runner_ = std::make_unique<cpu_algorithms::OpRunner>(*transport_, op_timeout_.load());
     return {};
   } catch (const Error& e) {
@@ -299,11 +303,9 @@ Status UcxBackend::finalize() {
 
 std::string UcxBackend::describe() const {
   nlohmann::ordered_json j;
-  j["ucx_version"] = transport_ ? transport_->version() : std::string(ucp_get_version_string());
-  if (transport_) {
-    j["devices"] = transport_->devices();
-    j["transports"] = transport_->transports();
-  }
+  j["ucx_version"] = ucp_get_version_string();
+  j["devices"] = devices_;
+  j["transports"] = transports_;
   j["tls"] = settings_.tls.empty() ? "(UCX_TLS or UCX's default)" : settings_.tls;
   j["rndv_thresh"] = settings_.rndv_thresh.empty() ? "(UCX_RNDV_THRESH or auto)" : settings_.rndv_thresh;
   j["busy_poll"] = settings_.busy_poll;

@@ -83,9 +83,8 @@ class UcxTransport final : public cpu_algorithms::Transport {
   // endpoints. Returns false if some did not finish.
   bool flush(Clock::time_point deadline);
 
-  // What describe() and comms-info show: the version, the devices the
-  // context opened and the transports an endpoint to a peer selected.
-  std::string version() const;
+  // What describe() and comms-info show: the devices the context opened
+  // and the transports an endpoint to a peer selected.
   std::string devices() const;
   std::string transports() const;
 
