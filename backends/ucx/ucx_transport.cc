@@ -302,15 +302,20 @@ void UcxTransport::send(int peer, Channel ch, Region src, size_t offset, size_t 
 void UcxTransport::send_stable(int peer, Channel ch, Region src, size_t offset, size_t len, size_t,
                                Clock::time_point deadline) {
   if (peer_status_[static_cast<size_t>(peer)]) fail(Kind::kPeerFailure, peer, peer_error(peer));
-  int count = 0;  // as limit_in_flight: this op's unfinished sends to peer, oldest first
-  for (auto& [req, p] : in_place_) {
-    if (!req || p != peer || ++count < kMaxInFlightPerPeer) continue;
-    for (auto& [first, q] : in_place_) {
-      if (first && q == peer) {
-        wait(first, peer, deadline, "send");
-        break;
-      }
+  // As limit_in_flight: at most kMaxInFlightPerPeer unfinished, oldest
+  // (first posted) waited for first. Finished entries are dropped so the
+  // list stays short however many pieces the op sends.
+  std::erase_if(in_place_, [](const auto& e) { return e.first == nullptr; });
+  for (;;) {
+    int count = 0;
+    void** oldest = nullptr;
+    for (auto& [req, p] : in_place_) {
+      if (!req || p != peer) continue;
+      if (!oldest) oldest = &req;
+      ++count;
     }
+    if (count < kMaxInFlightPerPeer) break;
+    wait(*oldest, peer, deadline, "send");
   }
   const uint32_t seq = send_seq_[static_cast<size_t>(peer)][static_cast<size_t>(ch)]++;
   void* req = post_send(peer, make_tag(static_cast<uint64_t>(ch), rank_, seq),
