@@ -307,7 +307,7 @@ std::string UcxBackend::describe() const {
   j["devices"] = devices_;
   j["transports"] = transports_;
   j["tls"] = settings_.tls.empty() ? "(UCX_TLS or UCX's default)" : settings_.tls;
-  j["rndv_thresh"] = settings_.rndv_thresh.empty() ? "(UCX_RNDV_THRESH or auto)" : settings_.rndv_thresh;
+  j["rndv_thresh"] = rndv_thresh_text(settings_);
   j["busy_poll"] = settings_.busy_poll;
   j["spin_us"] = settings_.spin_forever ? -1 : settings_.spin.count();
   j["yield_while_polling"] = settings_.yield;

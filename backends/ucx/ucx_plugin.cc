@@ -34,7 +34,7 @@ Status explain(const comms::Hints& hints, std::string* json) {
   nlohmann::ordered_json j;
   j["ucx_config"] = {{"ucx_version", ucp_get_version_string()},
                      {"tls", cfg.tls.empty() ? "(UCX_TLS or UCX's default)" : cfg.tls},
-                     {"rndv_thresh", cfg.rndv_thresh.empty() ? "(UCX_RNDV_THRESH or auto)" : cfg.rndv_thresh},
+                     {"rndv_thresh", comms::ucx_backend::rndv_thresh_text(cfg)},
                      {"busy_poll", cfg.busy_poll},
                      {"devices", devices}};
   *json = j.dump();

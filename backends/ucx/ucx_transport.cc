@@ -1,5 +1,7 @@
 #include "ucx_transport.h"
 
+#include "algorithms.h"
+
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -8,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -26,6 +29,7 @@ using Kind = TransportError::Kind;
 // Tag: class (4 bits) | sender rank (28 bits) | sequence or user tag (32 bits).
 constexpr uint64_t kP2PClass = 8;
 constexpr uint64_t kFullMask = ~uint64_t{0};
+constexpr size_t kDefaultRndvThresh = cpu_algorithms::kExchangeMaxBytes + 1;
 constexpr uint32_t kHandshakeTag = 0xffffffffu;  // a p2p tag: users' tags are below it in practice
 uint64_t make_tag(uint64_t cls, int sender, uint32_t low) {
   return (cls << 60) | (uint64_t(uint32_t(sender) & 0x0fffffffu) << 32) | low;
@@ -84,6 +88,12 @@ bool process_alive(int pid) {
 
 }  // namespace
 
+std::string rndv_thresh_text(const UcxSettings& settings) {
+  if (!settings.rndv_thresh.empty()) return settings.rndv_thresh + " (hint ucx.rndv_thresh)";
+  if (const char* env = std::getenv("UCX_RNDV_THRESH")) return std::string(env) + " (UCX_RNDV_THRESH)";
+  return std::to_string(kDefaultRndvThresh) + " (comms' default)";
+}
+
 void UcxTransport::check_peer_alive(int peer) {
   const int pid = pids_[static_cast<size_t>(peer)];
   if (pid <= 0 || peer_status_[static_cast<size_t>(peer)]) return;
@@ -118,7 +128,11 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
     }
   };
   modify("TLS", settings.tls, "tls");
-  modify("RNDV_THRESH", settings.rndv_thresh, "rndv_thresh");
+  // Every message of the small-op paths (at most kExchangeMaxBytes) goes
+  // eager by default: a rendezvous handshake with a peer that sleeps costs
+  // more than the copy. The pieces of large ops (128 KiB) stay rendezvous.
+  const bool thresh_given = !settings.rndv_thresh.empty() || std::getenv("UCX_RNDV_THRESH");
+  modify("RNDV_THRESH", thresh_given ? settings.rndv_thresh : std::to_string(kDefaultRndvThresh), "rndv_thresh");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;

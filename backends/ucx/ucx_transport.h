@@ -39,6 +39,10 @@ struct UcxSettings {
   bool yield = false;                         // sched_yield between polls (ranks outnumber cores)
 };
 
+// The eager/rendezvous threshold a context gets, for describe(): the hint,
+// else UCX_RNDV_THRESH, else comms' default (every small-op message eager).
+std::string rndv_thresh_text(const UcxSettings& settings);
+
 // Messages to and from comms' log (level 0 debug .. 3 error).
 using LogFn = void (*)(int level, const char* message);
 
