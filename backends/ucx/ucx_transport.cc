@@ -133,6 +133,7 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
   // more than the copy. The pieces of large ops (128 KiB) stay rendezvous.
   const bool thresh_given = !settings.rndv_thresh.empty() || std::getenv("UCX_RNDV_THRESH");
   modify("RNDV_THRESH", thresh_given ? settings.rndv_thresh : std::to_string(kDefaultRndvThresh), "rndv_thresh");
+  eager_limit_ = thresh_given ? 0 : kDefaultRndvThresh;  // below it UCX sends eager
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -277,6 +278,13 @@ void UcxTransport::send_buffered(int peer, uint64_t tag, const void* data, size_
   if (!UCS_PTR_IS_ERR(r)) {  // a request despite the flag: wait is not allowed to block on the peer
     ucp_request_free(r);
     fail(Kind::kPeerFailure, peer, "UCX returned a pending request for an immediate send");
+  }
+  if (len < eager_limit_) {
+    // Eager: finishing needs only the peer's progress, which every wait
+    // makes, never its receive; so waiting here cannot deadlock, and the
+    // copy is not needed.
+    void* req = post_send(peer, tag, data, len);
+    return wait(req, peer, deadline, "send");
   }
   reap();
   limit_in_flight(peer, deadline);

@@ -4,10 +4,12 @@
 // Channel or point-to-point, the sequence counts messages per (peer,
 // channel), so a receive matches exactly the message it expects.
 //
-// Sends never wait on the receiver: a send that UCX cannot finish at once
-// (rendezvous, or no send resources) is copied into a buffer the transport
+// Sends never wait on the receiver's receive: a send UCX cannot finish at
+// once goes on eager when it is below the eager threshold (finishing needs
+// only the peer's progress), else it is copied into a buffer the transport
 // owns and left in flight, so two ranks sending to each other both reach
 // their receives (the transport's buffering rule). Later waits progress it.
+// send_stable sends in place and is waited for in wait_sends.
 //
 // Waiting: progress the worker; spin while the settings allow, else arm the
 // worker and poll its event fd, in slices that end at the deadline.
@@ -144,6 +146,7 @@ class UcxTransport final : public cpu_algorithms::Transport {
   Clock::time_point next_liveness_check_{};
   std::vector<InFlight> in_flight_;
   uint64_t posted_ = 0;
+  size_t eager_limit_ = 0;  // messages shorter than this go eager; 0: not known (a threshold was given)
   std::vector<std::pair<void*, int>> in_place_;  // this op's send_stable requests and their peers
   std::atomic<bool> aborted_{false};
   std::atomic<bool> spin_forever_{false};
