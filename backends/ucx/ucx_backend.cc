@@ -270,7 +270,8 @@ Status UcxBackend::set_hints(const Hints& hints) {
     settings_.spin_forever = next.spin_forever;
     settings_.spin = next.spin;
     settings_.yield = next.yield;
-    if (transport_) transport_->set_spin(next.spin_forever, next.spin, next.yield);
+    settings_.yield_after = next.yield_after;
+    if (transport_) transport_->set_spin(settings_);
   }
   return {};
 }
@@ -311,6 +312,7 @@ std::string UcxBackend::describe() const {
   j["busy_poll"] = settings_.busy_poll;
   j["spin_us"] = settings_.spin_forever ? -1 : settings_.spin.count();
   j["yield_while_polling"] = settings_.yield;
+  j["yield_after_us"] = settings_.yield_after.count();
   j["op_timeout_ms"] = op_timeout_.load().count();
   return j.dump();
 }

@@ -80,6 +80,7 @@ Status resolve_settings(const Hints& hints, int local_size, UcxSettings* out) {
   const bool fits = local_size <= cores();
   cfg.spin = mode != "auto" ? std::chrono::microseconds{0} : fits ? kAutoSpin : kOversubscribedYield;
   cfg.yield = mode == "auto";
+  cfg.yield_after = mode == "auto" && fits ? kAutoPureSpin : std::chrono::microseconds{0};
   *out = std::move(cfg);
   return {};
 }

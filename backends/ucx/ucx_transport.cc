@@ -115,7 +115,7 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
       recv_seq_(static_cast<size_t>(size), std::vector<uint32_t>(cpu_algorithms::kNumChannels, 0)),
       pids_(static_cast<size_t>(size), 0),
       dead_pid_(static_cast<size_t>(size), false) {
-  set_spin(settings.spin_forever, settings.spin, settings.yield);
+  set_spin(settings);
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   auto modify = [&](const char* name, const std::string& value, const char* hint) {
@@ -391,13 +391,14 @@ void UcxTransport::cancel(void*& req) {
   req = nullptr;
 }
 
-void UcxTransport::progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until) {
+void UcxTransport::progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until,
+                                     Clock::time_point yield_from) {
   if (ucp_worker_progress(worker_)) return;
   const auto now = Clock::now();
   if (spin_forever_ || now < spin_until) {
-    // Oversubscribed: hand the core to whichever rank can run (likely the
-    // peer this wait needs) instead of burning the time slice.
-    if (yield_ && (++idle_polls_ & kYieldEvery) == 0) sched_yield();
+    // Past the first microseconds, hand the core to whichever task can run
+    // (likely the peer this wait needs) instead of burning the time slice.
+    if (yield_ && now >= yield_from) sched_yield();
     return;
   }
   if (efd_ < 0) {
@@ -413,7 +414,9 @@ void UcxTransport::progress_or_sleep(Clock::time_point deadline, Clock::time_poi
 
 void UcxTransport::wait(void*& req, int peer, Clock::time_point deadline, const char* what) {
   if (!req) return;  // done at once
-  const auto spin_until = Clock::now() + std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
+  const auto start = Clock::now();
+  const auto spin_until = start + std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
+  const auto yield_from = start + std::chrono::microseconds(yield_after_us_.load(std::memory_order_relaxed));
   for (;;) {
     const ucs_status_t s = ucp_request_check_status(req);
     if (s != UCS_INPROGRESS) {
@@ -439,7 +442,7 @@ void UcxTransport::wait(void*& req, int peer, Clock::time_point deadline, const 
       cancel(req);
       fail(Kind::kTimeout, peer, std::string(what) + " with rank " + std::to_string(peer) + " timed out");
     }
-    progress_or_sleep(deadline, spin_until);
+    progress_or_sleep(deadline, spin_until, yield_from);
   }
 }
 

@@ -38,7 +38,8 @@ struct UcxSettings {
   std::string busy_poll;    // "auto", "1" or "0"
   bool spin_forever = false;                  // busy_poll 1
   std::chrono::microseconds spin{0};          // poll this long before sleeping on the event fd
-  bool yield = false;                         // sched_yield between polls (ranks outnumber cores)
+  bool yield = false;                         // sched_yield between polls, once past yield_after
+  std::chrono::microseconds yield_after{0};   // poll without yielding this long first
 };
 
 // The eager/rendezvous threshold a context gets, for describe(): the hint,
@@ -94,10 +95,12 @@ class UcxTransport final : public cpu_algorithms::Transport {
   std::string devices() const;
   std::string transports() const;
 
-  void set_spin(bool forever, std::chrono::microseconds spin, bool yield) {
-    spin_forever_ = forever;
-    spin_us_ = spin.count();
-    yield_ = yield;
+  // The polling part of the settings; may change while an op waits.
+  void set_spin(const UcxSettings& s) {
+    spin_forever_ = s.spin_forever;
+    spin_us_ = s.spin.count();
+    yield_ = s.yield;
+    yield_after_us_ = s.yield_after.count();
   }
 
  private:
@@ -124,7 +127,7 @@ class UcxTransport final : public cpu_algorithms::Transport {
   void* post_recv(int peer, uint64_t tag, void* data, size_t len);
   // Waits for req; throws TransportError on a timeout, abort or failure of peer.
   void wait(void*& req, int peer, Clock::time_point deadline, const char* what);
-  void progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until);
+  void progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until, Clock::time_point yield_from);
   void cancel(void*& req);
   void reap();  // frees finished in-flight copies
   void limit_in_flight(int peer, Clock::time_point deadline);
@@ -152,8 +155,7 @@ class UcxTransport final : public cpu_algorithms::Transport {
   std::atomic<bool> spin_forever_{false};
   std::atomic<int64_t> spin_us_{0};
   std::atomic<bool> yield_{false};
-  unsigned idle_polls_ = 0;
-  static constexpr unsigned kYieldEvery = 0;  // mask: yield after every empty poll
+  std::atomic<int64_t> yield_after_us_{0};
 };
 
 }  // namespace comms::ucx_backend
