@@ -66,13 +66,18 @@ std::string transport_pairs(const std::string& text, const std::regex& re) {
   return out;
 }
 
-// This host and PID namespace: peers that share it are watched by PID.
+// This machine's boot, host name and PID namespace: peers that share all
+// three are watched by PID (the boot id tells two machines apart even when
+// their containers' host names and namespace numbers match).
 std::string host_identity() {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   char ns[128] = {};
   const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
-  return std::string(host) + "|" + (n > 0 ? std::string(ns, static_cast<size_t>(n)) : "");
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  std::getline(boot, boot_id);
+  return boot_id + "|" + host + "|" + (n > 0 ? std::string(ns, static_cast<size_t>(n)) : "");
 }
 
 // False once the process has exited (or is a zombie nobody reaped yet).
