@@ -1,6 +1,7 @@
 #include "ucx_transport.h"
 
 #include "algorithms.h"
+#include "comms/env.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -95,7 +96,7 @@ bool process_alive(int pid) {
 
 std::string rndv_thresh_text(const UcxSettings& settings) {
   if (!settings.rndv_thresh.empty()) return settings.rndv_thresh + " (hint ucx.rndv_thresh)";
-  if (const char* env = std::getenv("UCX_RNDV_THRESH")) return std::string(env) + " (UCX_RNDV_THRESH)";
+  if (auto set = env::get("UCX_RNDV_THRESH")) return *set + " (UCX_RNDV_THRESH)";
   return std::to_string(kDefaultRndvThresh) + " (comms' default)";
 }
 
@@ -136,7 +137,7 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
   // Every message of the small-op paths (at most kExchangeMaxBytes) goes
   // eager by default: a rendezvous handshake with a peer that sleeps costs
   // more than the copy. The pieces of large ops (128 KiB) stay rendezvous.
-  const bool thresh_given = !settings.rndv_thresh.empty() || std::getenv("UCX_RNDV_THRESH");
+  const bool thresh_given = !settings.rndv_thresh.empty() || env::get("UCX_RNDV_THRESH").has_value();
   modify("RNDV_THRESH", thresh_given ? settings.rndv_thresh : std::to_string(kDefaultRndvThresh), "rndv_thresh");
   eager_limit_ = thresh_given ? 0 : kDefaultRndvThresh;  // below it UCX sends eager
   ucp_params_t params{};

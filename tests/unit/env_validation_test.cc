@@ -83,6 +83,8 @@ const std::map<std::string, Decision>& decisions() {
       {"COMMS_GLOO_IFNAME", {Malformed{"COMMS_GLOO_IFNAME", "nosuchif0"}}},
       {"COMMS_GLOO_HOSTNAME", {Malformed{"COMMS_GLOO_HOSTNAME", "-1"}}},
       {"COMMS_GLOO_BUSY_POLL", {Malformed{"COMMS_GLOO_BUSY_POLL", "sometimes"}}},
+      {"UCX_RNDV_THRESH", {std::nullopt, "UCX's own variable: UCX's parser rejects a malformed value when the plugin "
+                                         "starts UCX; comms only checks whether it is set"}},
 #if UCX_PLUGIN_BUILT
       {"COMMS_UCX_BUSY_POLL", {Malformed{"COMMS_UCX_BUSY_POLL", "sometimes", {{"COMMS_BACKEND", "cpu:ucx"}}}}},
 #else
