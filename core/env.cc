@@ -61,6 +61,8 @@ constexpr Variable kVariables[] = {
     {"COMMS_GLOO_IFNAME", "", "Gloo: network interface to bind (e.g. eth0); it must exist and have an IPv4 or IPv6 address. Hint gloo.interface wins over it."},
     {"COMMS_GLOO_HOSTNAME", "", "Gloo: host name or address to bind; it must resolve to an address of one of this host's interfaces. Hint gloo.hostname wins over it. Unset (and no interface): the address this process uses to reach the TCP store, else 127.0.0.1."},
     {"COMMS_GLOO_BUSY_POLL", "auto", "Gloo: how reads on the sync mesh (all_reduce, small broadcast, barrier) wait. auto: spin up to 100 us, yielding, then block, when the ranks on this host are at most its cores, else block; 1 (or another true boolean): spin until the data arrives; 0: block at once. Hint gloo.busy_poll wins over it."},
+    {"COMMS_UCX_BUSY_POLL", "auto", "UCX: how waits on the UCP worker poll. auto: poll for up to 100 us (the first 3 us without yielding, then yielding the core after each empty poll; 50 us, all yielding, when the ranks on this host outnumber its cores), then sleep on the worker's event fd; 1: spin until the data arrives; 0: sleep at once. Hint ucx.busy_poll wins over it."},
+    {"UCX_RNDV_THRESH", "", "UCX's eager/rendezvous threshold, read by UCX itself; the UCX plugin only checks whether it is set: unset (and no hint ucx.rndv_thresh), it sets 65537 so every message of the small-op paths goes eager."},
     {"COMMS_NCCL_NET_NAMES", "", "NCCL: extra accepted values of the nccl.net_name hint (comma separated, case-insensitive), for NCCL net plugins. Built in: IB, Socket."},
     {"COMMS_TEST_REPORT_DIR", "", "Test harness only: directory where each test binary writes its per-rank gtest JSON report."},
 };

@@ -69,6 +69,17 @@ class Transport {
   // landing at dst[dst_offset, dst_offset + len).
   virtual void recv(int peer, Channel ch, Region dst, size_t dst_offset, size_t len, Clock::time_point deadline) = 0;
 
+  // Like send(), but the caller leaves src[offset, offset + len) untouched
+  // until wait_sends() returns, so a transport may send it in place and
+  // finish later instead of copying it or blocking. Never blocks on the
+  // receiver where send() might.
+  virtual void send_stable(int peer, Channel ch, Region src, size_t offset, size_t len, size_t dst_offset,
+                           Clock::time_point deadline) {
+    send(peer, ch, src, offset, len, dst_offset, deadline);
+  }
+  // Waits for every send_stable() of this op to finish.
+  virtual void wait_sends(Clock::time_point /*deadline*/) {}
+
   // The op that used the non-persistent regions returned (or threw).
   virtual void op_done() {}
 

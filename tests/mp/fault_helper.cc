@@ -14,11 +14,13 @@
 // Survivors print "FAULT rank <r> code <code> after_ms <ms> comm <c> op <o>
 // seq <s> peer <p>: <message>" (the comms::Error's fields) and
 // exit 3. SIGTERM is ignored so commsrun's stop signal cannot race the report.
+// FAULT_BACKEND picks the backend (default cpu:gloo).
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -54,7 +56,9 @@ int main(int argc, char** argv) {
     std::printf("returning from main without shutdown\n");
     return 0;
   }
-  auto world = new_comm("cpu:gloo", Device::cpu(), "world");
+  const char* chosen = std::getenv("FAULT_BACKEND");
+  const std::string backend = chosen && *chosen ? chosen : "cpu:gloo";
+  auto world = new_comm(backend, Device::cpu(), "world");
   const int last = world->size() - 1;
   std::vector<float> x(1024, 1.0f);
   if (mode == "kill") {
@@ -74,7 +78,7 @@ int main(int argc, char** argv) {
   if (mode == "close") {
     // The other ranks write only once the close has happened (a barrier on a
     // second comm orders it), so their writes meet a reset connection.
-    auto side = new_comm("cpu:gloo", Device::cpu(), "side");
+    auto side = new_comm(backend, Device::cpu(), "side");
     for (int i = 0; i < 20; ++i) world->all_reduce(BufferView::of(x), ReduceOp::sum());
     if (world->rank() == last) {
       world->finalize();

@@ -106,3 +106,45 @@ TEST(Faults, AProgramThatExitsWithoutShutdownDoesNotHang) {
 }
 
 }  // namespace
+
+#if UCX_PLUGIN_BUILT
+// The same faults under cpu:ucx: a killed peer's endpoint fails (UCX's peer
+// error handling), a skipped op times out, abort() signals the worker.
+TEST(UcxFaults, APeerKilledMidOpGivesPeerFailureOrTimeoutOnEveryOtherRankWellWithinTheOpTimeout) {
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "10", "--", FAULT_HELPER, "kill"},
+               {{"COMMS_OP_TIMEOUT", "20s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 50s);
+  ASSERT_NE(p.status, -1) << p.output;
+  EXPECT_NE(p.exit_code(), 0) << p.output;
+  EXPECT_NE(p.output.find("signal 9"), std::string::npos) << p.output;
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 2u) << p.output;
+  for (const auto& rep : r) {
+    EXPECT_TRUE(rep.code == "peer_failure" || rep.code == "timeout") << "rank " << rep.rank << " got " << rep.code;
+    EXPECT_LT(rep.ms, 20000 + 5000) << "rank " << rep.rank;
+  }
+  EXPECT_NE(p.output.find("all_reduce #22"), std::string::npos) << "the op and its sequence number\n" << p.output;
+}
+
+TEST(UcxFaults, APeerThatSkipsAnOpMakesTheOthersTimeOutWithinTheOpTimeout) {
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", FAULT_HELPER, "skip"},
+               {{"COMMS_OP_TIMEOUT", "2s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 50s);
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 2u) << p.output;
+  for (const auto& rep : r) {
+    EXPECT_EQ(rep.code, "timeout") << "rank " << rep.rank << "\n" << p.output;
+    EXPECT_GE(rep.ms, 1900) << "rank " << rep.rank;
+    EXPECT_LT(rep.ms, 2000 + 3000) << "rank " << rep.rank;
+  }
+  EXPECT_NE(p.exit_code(), 0);
+}
+
+TEST(UcxFaults, AbortWakesAnInFlightOpWithAbortedAndLaterOpsFailFast) {
+  auto p = run({COMMSRUN, "-n", "2", "--grace", "5", "--", FAULT_HELPER, "abort"},
+               {{"COMMS_OP_TIMEOUT", "60s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 40s);
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 1u) << p.output;
+  EXPECT_EQ(r[0].code, "aborted") << p.output;
+  EXPECT_LT(r[0].ms, 3000) << p.output;
+  EXPECT_NE(p.output.find("AFTER code aborted"), std::string::npos) << p.output;
+}
+#endif

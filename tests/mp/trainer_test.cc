@@ -148,4 +148,36 @@ TEST(Trainer, ASignalEndsARankBlockedWaitingForAStoppedPeerWithinTwoSeconds) {
   EXPECT_NE(p.exit_code(), 0);
 }
 
+#if UCX_PLUGIN_BUILT
+TEST(Trainer, UcxGivesTheFinalLossOfGlooAlsoWithOffloadAndReload) {
+  EXPECT_EQ(train(4, "cpu:ucx"), train(4, "cpu:gloo"));
+  EXPECT_EQ(train(2, "cpu:ucx"), train(2, "cpu:gloo"));
+  EXPECT_EQ(train(4, "cpu:ucx", {"--offload-every", "5"}), train(4, "cpu:gloo", {"--offload-every", "5"}));
+}
+
+TEST(Trainer, AUcxRankKilledMidRunMakesTheOthersFailWithoutHanging) {
+  Process p = Process::start({COMMSRUN, "-n", "4", "--grace", "20", "--", TRAINER, "--steps", "100000000",
+                              "--print-every", "100"},
+                             {{"COMMS_BACKEND", "cpu:ucx"}, {"COMMS_OP_TIMEOUT", "20s"}});
+  ASSERT_TRUE(p.read_until([](const std::string& o) { return o.find("step 100 ") != std::string::npos; }, 60s))
+      << p.output;
+  auto ranks = comms::testing::children_of(p.pid);
+  ASSERT_EQ(ranks.size(), 4u);
+  const auto killed_at = std::chrono::steady_clock::now();
+  kill(ranks[2], SIGKILL);
+  ASSERT_TRUE(p.wait(20s + 5s)) << p.output;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(seconds, 20.0 + 5.0);
+  EXPECT_NE(p.exit_code(), 0);
+  EXPECT_NE(p.output.find("was killed by signal 9"), std::string::npos) << p.output;
+  int errors = 0;
+  for (size_t pos = 0; (pos = p.output.find("trainer: comms[", pos)) != std::string::npos; ++pos) ++errors;
+  EXPECT_EQ(errors, 3) << p.output;
+  for (size_t pos = 0; (pos = p.output.find("trainer: comms[", pos)) != std::string::npos; ++pos) {
+    const std::string line = p.output.substr(pos, p.output.find('\n', pos) - pos);
+    EXPECT_TRUE(line.find("peer_failure") != std::string::npos || line.find("timeout") != std::string::npos) << line;
+  }
+}
+#endif
+
 }  // namespace

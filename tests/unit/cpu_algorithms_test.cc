@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collectives.h"
+#include "vector_collectives.h"
 
 namespace comms::cpu_algorithms {
 namespace {
@@ -373,6 +374,101 @@ TEST(CpuAlgorithms, TheExchangeAndTheRingSplitWhereAlgorithmForSays) {
   EXPECT_EQ(algorithm_for(OpType::kBroadcast, kSyncPathMaxBytes, 8), Algorithm::kBroadcast);
   EXPECT_EQ(algorithm_for(OpType::kBroadcast, kSyncPathMaxBytes + 1, 8), Algorithm::kNone);
   EXPECT_EQ(algorithm_for(OpType::kAllReduce, 0, 2), Algorithm::kNone);
+}
+
+
+// VectorCollectives (vector_collectives.h): the pairwise exchange behind the
+// v-variants and the large all_to_all, gather, scatter and broadcast, with
+// blocks that are empty, below and across its 128 KiB pieces.
+void run_vector_ranks(int size, const std::function<void(int, VectorCollectives&)>& body) {
+  Network net(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      FakeTransport t(net, r);
+      VectorCollectives v(t);
+      body(r, v);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& [key, q] : net.queues) EXPECT_TRUE(q.empty()) << "a message nobody received";
+}
+
+// Elements rank `from` sends rank `to`: 0 for some pairs, several pieces for others.
+size_t pair_count(int from, int to) { return (from + to) % 3 == 0 ? 0 : size_t(1 + from * 40000 + to * 17); }
+
+TEST(VectorCollectives, AllToAllVMovesUnevenBlocksIncludingEmptyAndMultiPieceOnes) {
+  for (int n : kSizes) {
+    run_vector_ranks(n, [&](int r, VectorCollectives& v) {
+      std::vector<size_t> send(n), recv(n);
+      for (int p = 0; p < n; ++p) send[p] = pair_count(r, p) * 4, recv[p] = pair_count(p, r) * 4;
+      std::vector<int32_t> in, out;
+      for (int p = 0; p < n; ++p) {
+        for (size_t i = 0; i < pair_count(r, p); ++i) in.push_back(value(r * 10 + p, i));
+      }
+      size_t total = 0;
+      for (size_t b : recv) total += b / 4;
+      out.assign(total, -1);
+      v.all_to_all_v(in.data(), out.data(), send, recv, Clock::now() + 10s);
+      size_t k = 0;
+      for (int p = 0; p < n; ++p) {
+        for (size_t i = 0; i < pair_count(p, r); ++i, ++k) ASSERT_EQ(out[k], value(p * 10 + r, i)) << p << " " << i;
+      }
+    });
+  }
+}
+
+TEST(VectorCollectives, AllGatherVAndReduceScatterVGiveEveryRankItsShare) {
+  for (int n : kSizes) {
+    run_vector_ranks(n, [&](int r, VectorCollectives& v) {
+      std::vector<size_t> counts(n), bytes(n);
+      for (int p = 0; p < n; ++p) counts[p] = pair_count(p, 1), bytes[p] = counts[p] * 4;
+      size_t total = 0;
+      for (size_t c : counts) total += c;
+      std::vector<int32_t> mine(counts[r]), all(total, -1);
+      for (size_t i = 0; i < mine.size(); ++i) mine[i] = value(r, i);
+      v.all_gather_v(mine.data(), all.data(), bytes, Clock::now() + 10s);
+      size_t k = 0;
+      for (int p = 0; p < n; ++p) {
+        for (size_t i = 0; i < counts[p]; ++i, ++k) ASSERT_EQ(all[k], value(p, i));
+      }
+      // reduce_scatter_v of every rank's `all`-shaped input: rank p gets the
+      // sum over ranks of block p.
+      std::vector<int32_t> in(total), out(counts[r], -1);
+      for (size_t i = 0; i < total; ++i) in[i] = value(r, i);
+      v.reduce_scatter_v(in.data(), out.data(), counts, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum),
+                         Clock::now() + 10s);
+      size_t offset = 0;
+      for (int p = 0; p < r; ++p) offset += counts[p];
+      for (size_t i = 0; i < counts[r]; ++i) {
+        int32_t sum = 0;
+        for (int q = 0; q < n; ++q) sum += value(q, offset + i);
+        ASSERT_EQ(out[i], sum) << "rank " << r << " element " << i;
+      }
+    });
+  }
+}
+
+TEST(VectorCollectives, LargeGatherScatterAndBroadcastReachEveryRankFromEveryRoot) {
+  const size_t count = 3 * VectorCollectives::kPieceBytes / 4 + 5;  // several pieces, the last partial
+  for (int n : kSizes) {
+    for (int root = 0; root < n; ++root) {
+      run_vector_ranks(n, [&](int r, VectorCollectives& v) {
+        std::vector<int32_t> in(count), gathered(r == root ? count * n : 0, -1);
+        for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+        v.gather(in.data(), gathered.data(), count * 4, root, Clock::now() + 10s);
+        for (size_t i = 0; r == root && i < count * n; ++i) ASSERT_EQ(gathered[i], value(int(i / count), i % count));
+        std::vector<int32_t> src(r == root ? count * n : 0), part(count, -1);
+        for (size_t i = 0; i < src.size(); ++i) src[i] = value(root, i);
+        v.scatter(src.data(), part.data(), count * 4, root, Clock::now() + 10s);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(part[i], value(root, r * count + i));
+        std::vector<int32_t> data(count, -1);
+        if (r == root) data = in;
+        v.broadcast(data.data(), count * 4, root, Clock::now() + 10s);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], value(root, i));
+      });
+    }
+  }
 }
 
 }  // namespace

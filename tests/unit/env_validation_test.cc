@@ -100,6 +100,13 @@ const std::map<std::string, Decision>& decisions() {
       {"COMMS_GLOO_IFNAME", {Malformed{"COMMS_GLOO_IFNAME", "nosuchif0"}}},
       {"COMMS_GLOO_HOSTNAME", {Malformed{"COMMS_GLOO_HOSTNAME", "-1"}}},
       {"COMMS_GLOO_BUSY_POLL", {Malformed{"COMMS_GLOO_BUSY_POLL", "sometimes"}}},
+      {"UCX_RNDV_THRESH", {std::nullopt, "UCX's own variable: UCX's parser rejects a malformed value when the plugin "
+                                         "starts UCX; comms only checks whether it is set"}},
+#if UCX_PLUGIN_BUILT
+      {"COMMS_UCX_BUSY_POLL", {Malformed{"COMMS_UCX_BUSY_POLL", "sometimes", {{"COMMS_BACKEND", "cpu:ucx"}}}}},
+#else
+      {"COMMS_UCX_BUSY_POLL", {std::nullopt, "read only by the UCX plugin, which this build lacks (no libucx-dev)"}},
+#endif
       {"COMMS_NCCL_NET_NAMES", {std::nullopt, "names of NCCL net plugins: any comma-separated names are accepted; "
                                               "they only widen what the nccl.net_name hint accepts"}},
       {"COMMS_TEST_REPORT_DIR", {std::nullopt, "test harness only: a directory path"}},

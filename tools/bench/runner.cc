@@ -142,6 +142,18 @@ Row Bench::run(size_t bytes, bool in_place) {
   return summarize(s, times, raw_times, wrong, primary_raw);
 }
 
+namespace {
+// The UCX plugin's choice (backends/cpu_algorithms/op_runner.cc): the CPU
+// algorithms where algorithms.h picks one, else the pairwise exchange;
+// point-to-point is UCP tag send/recv.
+std::string ucx_algorithm(OpType type, size_t bytes, int n) {
+  if (type == OpType::kSend) return "ucp tag send/recv";
+  const auto a = cpu_algorithms::algorithm_for(type, bytes, n);
+  return a != cpu_algorithms::Algorithm::kNone ? std::string(cpu_algorithms::algorithm_name(type, a))
+                                               : "pairwise exchange";
+}
+}  // namespace
+
 Row Bench::summarize(const Shape& s, std::vector<double>& times, std::vector<double>& raw_times, int64_t wrong,
                      bool primary_raw) const {
   const size_t count = s.count, es = s.es;
@@ -175,7 +187,8 @@ Row Bench::summarize(const Shape& s, std::vector<double>& times, std::vector<dou
                   : comm_->backends().backend_for(DeviceType::kCpu) == "gloo"
                       ? std::string(gloo_backend::algorithm_name(
                             op_.type, gloo_backend::sync_algorithm_for(op_.type, count * es, n)))
-                      : std::string();
+                  : comm_->backends().backend_for(DeviceType::kCpu) == "ucx" ? ucx_algorithm(op_.type, count * es, n)
+                                                                               : std::string();
   return row;
 }
 

@@ -1,0 +1,134 @@
+#include "op_runner.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+namespace comms::cpu_algorithms {
+
+using plugin::OpType;
+
+void finish_reduction(const plugin::OpDesc& op, void* data, size_t n, int size) {
+  if (op.reduce.kind == ReduceKind::kAvg) divide(data, op.dtype, n, size);
+  else if (op.reduce.kind == ReduceKind::kPremulSum) scale(data, op.dtype, n, op.reduce.scalar);
+}
+
+void OpRunner::run(const plugin::OpDesc& op) {
+  if (op.type == OpType::kSend || op.type == OpType::kRecv || op.type == OpType::kBatchP2P) {
+    throw std::invalid_argument("point-to-point ops are the transport's, not the CPU algorithms'");
+  }
+  if (t_.size() == 1) return run_locally(op);
+  const auto deadline = Clock::now() + op.timeout;
+  const size_t bytes = op.count * element_size(op.dtype);
+  if (algorithm_for(op.type, bytes, t_.size()) != Algorithm::kNone) {
+    collectives_.set_timeout(op.timeout);
+    return run_collective(op, deadline);
+  }
+  run_vector(op, deadline);
+}
+
+// A single rank: every collective is a copy (plus the avg/premul finish).
+void OpRunner::run_locally(const plugin::OpDesc& op) {
+  const size_t es = element_size(op.dtype);
+  auto copy = [](void* dst, const void* src, size_t n) {
+    if (dst != src && n) std::memmove(dst, src, n);
+  };
+  switch (op.type) {
+    case OpType::kAllReduce:
+    case OpType::kReduce:
+    case OpType::kReduceScatter:
+      if (op.output) {
+        copy(op.output, op.input, op.count * es);
+        finish_reduction(op, op.output, op.count, 1);
+      }
+      return;
+    case OpType::kReduceScatterV:
+      copy(op.output, op.input, op.counts[0] * es);
+      finish_reduction(op, op.output, op.counts[0], 1);
+      return;
+    case OpType::kAllGather:
+    case OpType::kGather:
+    case OpType::kScatter:
+    case OpType::kAllToAll:
+      return copy(op.output, op.input, op.count * es);
+    case OpType::kAllGatherList:
+      return copy(op.output_list[0], op.input, op.count * es);
+    case OpType::kAllGatherV:
+    case OpType::kAllToAllV:
+      return copy(op.output, op.input, op.counts[0] * es);
+    default:  // broadcast, barrier: nothing moves
+      return;
+  }
+}
+
+void OpRunner::run_collective(const plugin::OpDesc& op, Clock::time_point) {
+  const int size = t_.size();
+  const size_t es = element_size(op.dtype);
+  const size_t bytes = op.count * es;
+  const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
+  const bool reduces = op.type == OpType::kAllReduce || op.type == OpType::kReduce ||
+                       op.type == OpType::kReduceScatter;
+  if (reduces && !fn) throw std::invalid_argument("no reduction for this dtype and kind");
+  switch (op.type) {
+    case OpType::kBarrier: return collectives_.barrier();
+    case OpType::kBroadcast: return collectives_.broadcast(op.input, op.output, bytes, op.root);
+    case OpType::kAllReduce:
+      collectives_.all_reduce(op.input, op.output, op.count, es, fn);
+      return finish_reduction(op, op.output, op.count, size);
+    case OpType::kReduce:
+      collectives_.reduce(op.input, op.output, op.count, es, fn, op.root);
+      if (t_.rank() == op.root) finish_reduction(op, op.output, op.count, size);
+      return;
+    case OpType::kReduceScatter:
+      collectives_.reduce_scatter(op.input, op.output, op.count, es, fn);
+      return finish_reduction(op, op.output, op.count, size);
+    case OpType::kAllGather: return collectives_.all_gather(op.input, op.output, bytes);
+    case OpType::kAllToAll: return collectives_.all_to_all(op.input, op.output, bytes);
+    case OpType::kGather: return collectives_.gather(op.input, op.output, bytes, op.root);
+    case OpType::kScatter: return collectives_.scatter(op.input, op.output, bytes, op.root);
+    default: throw std::logic_error("no Collectives algorithm for this op");
+  }
+}
+
+void OpRunner::run_vector(const plugin::OpDesc& op, Clock::time_point deadline) {
+  const size_t size = static_cast<size_t>(t_.size());
+  const size_t es = element_size(op.dtype);
+  const size_t bytes = op.count * es;
+  auto to_bytes = [es](std::span<const size_t> counts) {
+    std::vector<size_t> b(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) b[i] = counts[i] * es;
+    return b;
+  };
+  switch (op.type) {
+    case OpType::kAllReduce:
+    case OpType::kReduce:
+    case OpType::kReduceScatter:
+    case OpType::kAllGather:
+      return;  // count 0: algorithms.h gives every other size to Collectives
+    case OpType::kBroadcast:
+      if (!bytes) return;
+      if (t_.rank() == op.root && op.output != op.input) std::memmove(op.output, op.input, bytes);
+      return vector_.broadcast(op.output, bytes, op.root, deadline);
+    case OpType::kAllGatherList: return vector_.all_gather_list(op.input, op.output_list, bytes, deadline);
+    case OpType::kAllGatherV: return vector_.all_gather_v(op.input, op.output, to_bytes(op.counts), deadline);
+    case OpType::kReduceScatterV: {
+      const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
+      if (!fn) throw std::invalid_argument("no reduction for this dtype and kind");
+      vector_.reduce_scatter_v(op.input, op.output, op.counts, es, fn, deadline);
+      const size_t mine = op.counts[static_cast<size_t>(t_.rank())];
+      if (mine) finish_reduction(op, op.output, mine, t_.size());
+      return;
+    }
+    case OpType::kAllToAll: {
+      const std::vector<size_t> blocks(size, bytes);
+      return vector_.all_to_all_v(op.input, op.output, blocks, blocks, deadline);
+    }
+    case OpType::kAllToAllV:
+      return vector_.all_to_all_v(op.input, op.output, to_bytes(op.counts), to_bytes(op.output_counts), deadline);
+    case OpType::kGather: return bytes ? vector_.gather(op.input, op.output, bytes, op.root, deadline) : void();
+    case OpType::kScatter: return bytes ? vector_.scatter(op.input, op.output, bytes, op.root, deadline) : void();
+    default: throw std::logic_error("no CPU algorithm for this op");
+  }
+}
+
+}  // namespace comms::cpu_algorithms

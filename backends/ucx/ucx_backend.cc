@@ -1,0 +1,331 @@
+#include "ucx_backend.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "op_runner.h"
+#include "reductions.h"
+#include "ucx_log.h"
+
+namespace comms::ucx_backend {
+namespace {
+
+using plugin::OpType;
+using cpu_algorithms::TransportError;
+
+// An op with everything it points to copied, so it can run later.
+struct OwnedOp {
+  plugin::OpDesc desc;
+  std::vector<size_t> counts, output_counts;
+  std::vector<void*> output_list;
+  std::vector<P2POp> p2p;
+
+  explicit OwnedOp(const plugin::OpDesc& d)
+      : desc(d),
+        counts(d.counts.begin(), d.counts.end()),
+        output_counts(d.output_counts.begin(), d.output_counts.end()),
+        output_list(d.output_list.begin(), d.output_list.end()),
+        p2p(d.p2p.begin(), d.p2p.end()) {
+    desc.counts = counts;
+    desc.output_counts = output_counts;
+    desc.output_list = output_list;
+    desc.p2p = p2p;
+    desc.hints = nullptr;
+  }
+};
+
+struct Completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  void finish(Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    status = std::move(s);
+    done = true;
+    cv.notify_all();
+  }
+};
+
+class UcxWork : public plugin::Work {
+ public:
+  explicit UcxWork(std::shared_ptr<Completion> c) : c_(std::move(c)) {}
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(c_->mu);
+    return c_->done;
+  }
+  Status wait(WaitMode) override {
+    std::unique_lock<std::mutex> lock(c_->mu);
+    c_->cv.wait(lock, [&] { return c_->done; });
+    return c_->status;
+  }
+
+ private:
+  std::shared_ptr<Completion> c_;
+};
+
+ErrorCode code_of(TransportError::Kind kind) {
+  switch (kind) {
+    case TransportError::Kind::kTimeout: return ErrorCode::kTimeout;
+    case TransportError::Kind::kPeerFailure: return ErrorCode::kPeerFailure;
+    case TransportError::Kind::kAborted: return ErrorCode::kAborted;
+  }
+  return ErrorCode::kInternal;
+}
+
+class UcxBackend : public plugin::Backend {
+ public:
+  UcxBackend(const plugin::BackendInit& init, UcxSettings settings)
+      : init_(init), settings_(std::move(settings)), op_timeout_(init.op_timeout) {}
+  ~UcxBackend() override {
+    if (!finalized_) finalize();
+  }
+
+  Status init() override;
+  Status submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work>* work) override;
+  Status split(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) override;
+  Status set_hints(const Hints& hints) override;
+  Status set_op_timeout(std::chrono::milliseconds t) override {
+    op_timeout_ = t;
+    return {};
+  }
+  void abort(const std::string& reason) override;
+  Status finalize() override;
+  std::string describe() const override;
+  bool supports_reduction(DataType dtype, ReduceKind kind) const override {
+    return cpu_algorithms::reduce_fn(dtype, kind) != nullptr;
+  }
+
+ private:
+  Status execute(const plugin::OpDesc& op);
+  void run(const plugin::OpDesc& op);
+  void mark_broken(const std::string& reason);
+  Status broken_status() const;
+  void worker_loop();
+
+  plugin::BackendInit init_;
+  UcxSettings settings_;
+  std::atomic<std::chrono::milliseconds> op_timeout_;
+  std::unique_ptr<UcxTransport> transport_;
+  std::unique_ptr<cpu_algorithms::OpRunner> runner_;
+  std::string devices_, transports_;  // what the transport opened and selected, read at init
+
+  mutable std::mutex broken_mu_;
+  std::atomic<bool> broken_{false};
+  std::atomic<bool> aborted_{false};
+  std::string broken_reason_;
+
+  // Executor: async ops run in order on one thread; sync ops run on the
+  // caller's thread once it is idle.
+  std::mutex q_mu_;
+  std::condition_variable q_cv_, idle_cv_;
+  std::deque<std::pair<OwnedOp, std::shared_ptr<Completion>>> queue_;
+  std::atomic<int> pending_{0};
+  bool stop_ = false;
+  std::thread worker_;
+  bool finalized_ = false;
+};
+
+Status UcxBackend::init() {
+  try {
+    transport_ = std::make_unique<UcxTransport>(init_.rank, init_.size, settings_, init_.log);
+    if (init_.size > 1) transport_->connect(*init_.store, init_.init_timeout);
+    // Read once: describe() may run on any thread while an op progresses the worker.
+    devices_ = transport_->devices();
+    transports_ = transport_->transports();
+    runner_ = std::make_unique<cpu_algorithms::OpRunner>(*transport_, op_timeout_.load());
+    return {};
+  } catch (const Error& e) {
+    return {e.code(), std::string("exchanging UCX worker addresses through the store failed: ") + e.what()};
+  } catch (const std::invalid_argument& e) {
+    return {ErrorCode::kInvalidArgument, e.what()};
+  } catch (const std::exception& e) {
+    return {ErrorCode::kInternal, std::string("starting UCX failed: ") + e.what()};
+  }
+}
+
+void UcxBackend::run(const plugin::OpDesc& op) {
+  const auto deadline = cpu_algorithms::Clock::now() + op.timeout;
+  const size_t es = element_size(op.dtype);
+  switch (op.type) {
+    case OpType::kSend:
+      return transport_->point_to_point({{true, op.peer, op.tag, const_cast<void*>(op.input), op.count * es}},
+                                        deadline);
+    case OpType::kRecv:
+      return transport_->point_to_point({{false, op.peer, op.tag, op.output, op.count * es}}, deadline);
+    case OpType::kBatchP2P: {
+      std::vector<UcxTransport::P2P> ops;
+      for (const auto& p : op.p2p) {
+        ops.push_back({p.kind == P2POp::Kind::kSend, p.peer, p.tag, p.buffer.data, p.buffer.bytes()});
+      }
+      return ops.empty() ? void() : transport_->point_to_point(ops, deadline);
+    }
+    default:
+      return runner_->run(op);
+  }
+}
+
+void UcxBackend::mark_broken(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(broken_mu_);
+  if (!broken_) {
+    broken_reason_ = reason;
+    broken_ = true;
+  }
+}
+
+Status UcxBackend::broken_status() const {
+  std::lock_guard<std::mutex> lock(broken_mu_);
+  return {ErrorCode::kAborted, "an earlier failure left this communicator unusable: " + broken_reason_};
+}
+
+Status UcxBackend::execute(const plugin::OpDesc& op) {
+  if (broken_) return broken_status();
+  Status s;
+  try {
+    run(op);
+    return {};
+  } catch (const TransportError& e) {
+    s = {code_of(e.kind()), e.what(), e.peer()};
+    if (aborted_ || e.kind() == TransportError::Kind::kAborted) {
+      std::lock_guard<std::mutex> lock(broken_mu_);
+      s = {ErrorCode::kAborted, "aborted: " + broken_reason_ + " (" + e.what() + ")", e.peer()};
+    }
+  } catch (const std::invalid_argument& e) {
+    return {ErrorCode::kInvalidArgument, e.what()};  // nothing was sent: the comm stays usable
+  } catch (const std::exception& e) {
+    s = {ErrorCode::kInternal, e.what()};
+  }
+  mark_broken(s.message);
+  return s;
+}
+
+Status UcxBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work>* work) {
+  if (op.hints && !op.hints->empty()) {
+    return {ErrorCode::kInvalidArgument,
+            "the ucx backend takes no per-op hints (got '" + op.hints->begin()->first + "')"};
+  }
+  if (broken_) return broken_status();
+  if (!op.async) {
+    if (pending_.load(std::memory_order_acquire) != 0) {
+      std::unique_lock<std::mutex> lock(q_mu_);
+      idle_cv_.wait(lock, [&] { return pending_.load() == 0; });
+    }
+    return execute(op);
+  }
+  auto completion = std::make_shared<Completion>();
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    queue_.emplace_back(OwnedOp(op), completion);
+    ++pending_;
+    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  }
+  q_cv_.notify_one();
+  *work = std::make_unique<UcxWork>(std::move(completion));
+  return {};
+}
+
+void UcxBackend::worker_loop() {
+  std::unique_lock<std::mutex> lock(q_mu_);
+  while (true) {
+    q_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    auto [op, completion] = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    completion->finish(execute(op.desc));
+    lock.lock();
+    if (--pending_ == 0) idle_cv_.notify_all();
+  }
+}
+
+Status UcxBackend::split(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) {
+  if (desc.ranks.empty()) return {};  // a UCX child is its own set of endpoints
+  UcxSettings settings;
+  Status s = resolve_settings(desc.child.hints, desc.child.local_size, &settings);
+  if (!s.is_ok()) return s;
+  plugin::BackendInit child_init = desc.child;
+  if (!child_init.log) child_init.log = init_.log;
+  auto backend = std::make_unique<UcxBackend>(child_init, std::move(settings));
+  s = backend->init();
+  if (!s.is_ok()) return s;
+  *child = std::move(backend);
+  return {};
+}
+
+Status UcxBackend::set_hints(const Hints& hints) {
+  for (const auto& [k, v] : hints) {
+    if (k != "busy_poll") {
+      return {ErrorCode::kUnsupported,
+              "ucx hint '" + k + "' cannot change after the comm connected; pass it when creating the comm"};
+    }
+    UcxSettings next;
+    Status s = resolve_settings({{"busy_poll", v}}, init_.local_size, &next);
+    if (!s.is_ok()) return s;
+    settings_.busy_poll = next.busy_poll;
+    settings_.spin_forever = next.spin_forever;
+    settings_.spin = next.spin;
+    settings_.yield = next.yield;
+    settings_.yield_after = next.yield_after;
+    if (transport_) transport_->set_spin(settings_);
+  }
+  return {};
+}
+
+void UcxBackend::abort(const std::string& reason) {
+  mark_broken(reason);
+  aborted_ = true;
+  if (transport_) transport_->abort();
+}
+
+Status UcxBackend::finalize() {
+  if (finalized_) return {};
+  finalized_ = true;
+  {
+    std::unique_lock<std::mutex> lock(q_mu_);
+    idle_cv_.wait(lock, [&] { return pending_.load() == 0; });
+    stop_ = true;
+  }
+  q_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  runner_.reset();
+  bool flushed = true;
+  if (transport_) flushed = transport_->flush(cpu_algorithms::Clock::now() + op_timeout_.load());
+  transport_.reset();
+  if (!flushed && !broken_) {
+    return {ErrorCode::kTimeout, "messages to peers were still in flight when the op timeout ran out at finalize"};
+  }
+  return {};
+}
+
+std::string UcxBackend::describe() const {
+  nlohmann::ordered_json j;
+  j["ucx_version"] = ucp_get_version_string();
+  j["devices"] = devices_;
+  j["transports"] = transports_;
+  j["tls"] = settings_.tls.empty() ? "(UCX_TLS or UCX's default)" : settings_.tls;
+  j["rndv_thresh"] = rndv_thresh_text(settings_);
+  j["busy_poll"] = settings_.busy_poll;
+  j["spin_us"] = settings_.spin_forever ? -1 : settings_.spin.count();
+  j["yield_while_polling"] = settings_.yield;
+  j["yield_after_us"] = settings_.yield_after.count();
+  j["op_timeout_ms"] = op_timeout_.load().count();
+  return j.dump();
+}
+
+}  // namespace
+
+Status create_backend(const plugin::BackendInit& init, std::unique_ptr<plugin::Backend>* out) {
+  route_ucx_logs(init.log);
+  UcxSettings settings;
+  Status s = resolve_settings(init.hints, init.local_size, &settings);
+  if (!s.is_ok()) return s;
+  *out = std::make_unique<UcxBackend>(init, std::move(settings));
+  return {};
+}
+
+}  // namespace comms::ucx_backend

@@ -1,0 +1,88 @@
+// Resolving the UCX backend's settings from hints, the environment and
+// defaults (ucx_backend.h).
+#include <sched.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include <ucp/api/ucp.h>
+
+#include "comms/env.h"
+#include "ucx_backend.h"
+#include "ucx_log.h"
+
+namespace comms::ucx_backend {
+namespace {
+
+int cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+// Asks UCX whether it parses value for its variable `name`.
+Status check_ucx_value(const char* name, const std::string& value, const std::string& hint) {
+  if (value.empty()) return {ErrorCode::kInvalidArgument, "hint " + hint + " is empty"};
+  const QuietUcxLogs quiet;  // the Status says it
+  ucp_config_t* config = nullptr;
+  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) {
+    return {ErrorCode::kInternal, "ucp_config_read failed while checking hint " + hint};
+  }
+  const ucs_status_t s = ucp_config_modify(config, name, value.c_str());
+  ucp_config_release(config);
+  if (s != UCS_OK) {
+    return {ErrorCode::kInvalidArgument,
+            "hint " + hint + "='" + value + "' is not a valid UCX_" + name + ": " + ucs_status_string(s)};
+  }
+  return {};
+}
+
+}  // namespace
+
+Status resolve_settings(const Hints& hints, int local_size, UcxSettings* out) {
+  UcxSettings cfg;
+  std::string busy_poll = env::get("COMMS_UCX_BUSY_POLL").value_or("auto");
+  std::string busy_poll_from = "COMMS_UCX_BUSY_POLL";
+  for (const auto& [k, v] : hints) {
+    if (k == "tls") {
+      // Hint strings separate hints with commas: "sm+self" stands for UCX's "sm,self".
+      cfg.tls = v;
+      std::replace(cfg.tls.begin(), cfg.tls.end(), '+', ',');
+    }
+    else if (k == "rndv_thresh") cfg.rndv_thresh = v;
+    else if (k == "busy_poll") {
+      busy_poll = v;
+      busy_poll_from = "hint ucx.busy_poll";
+    } else {
+      return {ErrorCode::kInvalidArgument, "unknown ucx hint '" + k + "' (known: tls, rndv_thresh, busy_poll)"};
+    }
+  }
+  if (hints.count("tls")) {
+    Status s = check_ucx_value("TLS", cfg.tls, "ucx.tls");
+    if (!s.is_ok()) return s;
+  }
+  if (hints.count("rndv_thresh")) {
+    Status s = check_ucx_value("RNDV_THRESH", cfg.rndv_thresh, "ucx.rndv_thresh");
+    if (!s.is_ok()) return s;
+  }
+  std::string mode = busy_poll;
+  for (char& c : mode) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (mode != "auto") {
+    try {
+      mode = env::parse_bool(busy_poll, busy_poll_from) ? "1" : "0";
+    } catch (const Error&) {
+      return {ErrorCode::kInvalidArgument, busy_poll_from + "='" + busy_poll +
+                                               "' is not auto or a boolean; use auto, 1/0, true/false, yes/no or on/off"};
+    }
+  }
+  cfg.busy_poll = mode;
+  cfg.spin_forever = mode == "1";
+  const bool fits = local_size <= cores();
+  cfg.spin = mode != "auto" ? std::chrono::microseconds{0} : fits ? kAutoSpin : kOversubscribedYield;
+  cfg.yield = mode == "auto";
+  cfg.yield_after = mode == "auto" && fits ? kAutoPureSpin : std::chrono::microseconds{0};
+  *out = std::move(cfg);
+  return {};
+}
+
+}  // namespace comms::ucx_backend

@@ -1,0 +1,161 @@
+// The CPU algorithms' transport (backends/cpu_algorithms/transport.h) on
+// UCX: one UCP context and worker per comm, an endpoint to every peer, tag
+// send/recv. A message's tag is (class, sender, sequence): the class is a
+// Channel or point-to-point, the sequence counts messages per (peer,
+// channel), so a receive matches exactly the message it expects.
+//
+// Sends never wait on the receiver's receive: a send UCX cannot finish at
+// once goes on eager when it is below the eager threshold (finishing needs
+// only the peer's progress), else it is copied into a buffer the transport
+// owns and left in flight, so two ranks sending to each other both reach
+// their receives (the transport's buffering rule). Later waits progress it.
+// send_stable sends in place and is waited for in wait_sends.
+//
+// Waiting: progress the worker; spin while the settings allow, else arm the
+// worker and poll its event fd, in slices that end at the deadline.
+// abort() signals the worker, so a wait wakes from any thread. A peer's
+// endpoint failure (UCP_ERR_HANDLING_MODE_PEER) fails waits on that peer.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comms/store.h"
+#include "transport.h"
+
+namespace comms::ucx_backend {
+
+using cpu_algorithms::Clock;
+
+struct UcxSettings {
+  std::string tls;          // UCX_TLS for this comm's context; empty: UCX's own (UCX_TLS or all)
+  std::string rndv_thresh;  // UCX_RNDV_THRESH; empty: UCX's own
+  std::string busy_poll;    // "auto", "1" or "0"
+  bool spin_forever = false;                  // busy_poll 1
+  std::chrono::microseconds spin{0};          // poll this long before sleeping on the event fd
+  bool yield = false;                         // sched_yield between polls, once past yield_after
+  std::chrono::microseconds yield_after{0};   // poll without yielding this long first
+};
+
+// The eager/rendezvous threshold a context gets, for describe(): the hint,
+// else UCX_RNDV_THRESH, else comms' default (every small-op message eager).
+std::string rndv_thresh_text(const UcxSettings& settings);
+
+// Messages to and from comms' log (level 0 debug .. 3 error).
+using LogFn = void (*)(int level, const char* message);
+
+class UcxTransport final : public cpu_algorithms::Transport {
+ public:
+  // Creates the context and worker. Throws std::runtime_error naming the
+  // UCX call that failed.
+  UcxTransport(int rank, int size, const UcxSettings& settings, LogFn log);
+  ~UcxTransport() override;
+
+  // Collective: publishes this worker's address under "ucx/addr/<rank>" in
+  // the store (the comm's prefix) and connects to every peer.
+  void connect(Store& store, std::chrono::milliseconds timeout);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void send(int peer, cpu_algorithms::Channel ch, cpu_algorithms::Region src, size_t offset, size_t len,
+            size_t dst_offset, Clock::time_point deadline) override;
+  void recv(int peer, cpu_algorithms::Channel ch, cpu_algorithms::Region dst, size_t dst_offset, size_t len,
+            Clock::time_point deadline) override;
+  void send_stable(int peer, cpu_algorithms::Channel ch, cpu_algorithms::Region src, size_t offset, size_t len,
+                   size_t dst_offset, Clock::time_point deadline) override;
+  void wait_sends(Clock::time_point deadline) override;
+  // Drops in-place sends an op left behind (it threw): UCX must not keep
+  // reading a buffer the caller may free.
+  void op_done() override;
+  void abort() override;
+
+  // Point-to-point with the caller's tag. Sends and receives are posted
+  // first, then waited for together; a lone send returns once UCX or the
+  // transport's copy holds the data.
+  struct P2P {
+    bool send = false;
+    int peer = -1;
+    uint32_t tag = 0;
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  void point_to_point(const std::vector<P2P>& ops, Clock::time_point deadline);
+
+  // Waits (until deadline) for the copies still in flight, then closes the
+  // endpoints. Returns false if some did not finish.
+  bool flush(Clock::time_point deadline);
+
+  // What describe() and comms-info show: the devices the context opened
+  // and the transports an endpoint to a peer selected.
+  std::string devices() const;
+  std::string transports() const;
+
+  // The polling part of the settings; may change while an op waits.
+  void set_spin(const UcxSettings& s) {
+    spin_forever_ = s.spin_forever;
+    spin_us_ = s.spin.count();
+    yield_ = s.yield;
+    yield_after_us_ = s.yield_after.count();
+  }
+
+ private:
+  struct PeerSlot {
+    UcxTransport* self;
+    int rank;
+  };
+  struct InFlight {
+    void* req = nullptr;
+    int peer = -1;
+    uint64_t order = 0;  // posting order, to wait for the oldest first
+    std::vector<unsigned char> copy;
+  };
+  void handshake(Clock::time_point deadline);
+  // Marks a peer on this host failed once its process has exited; checks
+  // at most every kLivenessPeriod.
+  void check_peer_alive(int peer);
+  static constexpr std::chrono::milliseconds kLivenessPeriod{50};
+  static void on_peer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  // Sends without waiting for the receiver: see the header comment.
+  void send_buffered(int peer, uint64_t tag, const void* data, size_t len, Clock::time_point deadline);
+  void* post_send(int peer, uint64_t tag, const void* data, size_t len);
+  void* post_recv(int peer, uint64_t tag, void* data, size_t len);
+  // Waits for req; throws TransportError on a timeout, abort or failure of peer.
+  void wait(void*& req, int peer, Clock::time_point deadline, const char* what);
+  void progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until, Clock::time_point yield_from);
+  void cancel(void*& req);
+  void reap();  // frees finished in-flight copies
+  void limit_in_flight(int peer, Clock::time_point deadline);
+  static constexpr int kMaxInFlightPerPeer = 4;
+  [[noreturn]] void fail(cpu_algorithms::TransportError::Kind kind, int peer, const std::string& what) const;
+  std::string peer_error(int peer) const;
+
+  int rank_, size_;
+  LogFn log_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  std::vector<ucp_ep_h> eps_;
+  std::vector<PeerSlot> slots_;
+  std::vector<std::atomic<int>> peer_status_;  // ucs_status_t of a failed endpoint, 0 while fine
+  std::vector<std::vector<uint32_t>> send_seq_, recv_seq_;  // per peer, per channel
+  std::vector<int> pids_;       // per rank: its pid when on this host, else 0 (UCX watches it)
+  std::vector<bool> dead_pid_;  // per rank: failed because its process exited
+  Clock::time_point next_liveness_check_{};
+  std::vector<InFlight> in_flight_;
+  uint64_t posted_ = 0;
+  size_t eager_limit_ = 0;  // messages shorter than this go eager; 0: not known (a threshold was given)
+  std::vector<std::pair<void*, int>> in_place_;  // this op's send_stable requests and their peers
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> spin_forever_{false};
+  std::atomic<int64_t> spin_us_{0};
+  std::atomic<bool> yield_{false};
+  std::atomic<int64_t> yield_after_us_{0};
+};
+
+}  // namespace comms::ucx_backend
