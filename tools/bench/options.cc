@@ -104,7 +104,7 @@ void add_flags(CLI::App& app, Flags& flags) {
   app.add_option("-f,--stepfactor", flags.factor, "size multiplier between rows")->check(CLI::Range(1.01, 1e9));
   app.add_option("-g,--ngpus", flags.ngpus, "devices per process: 1 (start one rank per device with commsrun -n)");
   app.add_option("-n,--iters", flags.iters, "timed iterations")->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", flags.warmup, "warm-up iterations")->check(CLI::NonNegativeNumber);
+  app.add_option("-w,--warmup_iters,--warmup", flags.warmup, "warm-up iterations")->check(CLI::NonNegativeNumber);
   app.add_option("-c,--check", flags.check, "1: check results and report #wrong; 0: do not")->check(CLI::Range(0, 1));
   app.add_option("-o,--op", flags.redop_name, "reduce op: sum, prod, min, max, avg, band, bor, bxor, premul_sum:F");
   app.add_option("-r,--root", flags.root, "root rank of broadcast, reduce, gather and scatter")
