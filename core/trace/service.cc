@@ -37,8 +37,10 @@ constexpr int64_t kRecentRequests = 2;
 struct Registry {
   std::mutex mu;
   // Held by the watcher while it uses a store; exit waits for it (briefly)
-  // so that static destructors do not run under a store call.
-  std::timed_mutex busy;
+  // so that static destructors do not run under a store call. A plain mutex
+  // polled with try_lock: ThreadSanitizer does not see timed_mutex's
+  // pthread_mutex_clocklock and reports its unlock as unbalanced.
+  std::mutex busy;
   std::atomic<bool> stopping{false};
   std::vector<std::weak_ptr<Recorder>> recorders;
   bool watcher_started = false;
@@ -126,7 +128,7 @@ void watch() {
   while (!reg.stopping.load()) {
     pollfd p{fd, POLLIN, 0};
     const int n = ::poll(&p, 1, static_cast<int>(kPollPeriod.count()));
-    std::lock_guard<std::timed_mutex> busy(reg.busy);
+    std::lock_guard<std::mutex> busy(reg.busy);
     if (reg.stopping.load()) return;
     if (n > 0 && (p.revents & POLLIN)) {
       char buf[64];
@@ -140,7 +142,12 @@ void stop_watcher() {
   Registry& reg = registry();
   reg.stopping = true;
   // A store call in progress ends within its own timeout; exit waits a little.
-  if (reg.busy.try_lock_for(std::chrono::milliseconds(200))) reg.busy.unlock();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (!reg.busy.try_lock()) {
+    if (std::chrono::steady_clock::now() >= give_up) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  reg.busy.unlock();
 }
 
 void start_watcher(Registry& reg) {
