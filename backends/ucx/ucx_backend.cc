@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "op_runner.h"
+#include "queued_op.h"
 #include "reductions.h"
 #include "ucx_log.h"
 
@@ -18,56 +19,8 @@ namespace {
 using plugin::OpType;
 using cpu_algorithms::TransportError;
 
-// An op with everything it points to copied, so it can run later.
-struct OwnedOp {
-  plugin::OpDesc desc;
-  std::vector<size_t> counts, output_counts;
-  std::vector<void*> output_list;
-  std::vector<P2POp> p2p;
-
-  explicit OwnedOp(const plugin::OpDesc& d)
-      : desc(d),
-        counts(d.counts.begin(), d.counts.end()),
-        output_counts(d.output_counts.begin(), d.output_counts.end()),
-        output_list(d.output_list.begin(), d.output_list.end()),
-        p2p(d.p2p.begin(), d.p2p.end()) {
-    desc.counts = counts;
-    desc.output_counts = output_counts;
-    desc.output_list = output_list;
-    desc.p2p = p2p;
-    desc.hints = nullptr;
-  }
-};
-
-struct Completion {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
-  void finish(Status s) {
-    std::lock_guard<std::mutex> lock(mu);
-    status = std::move(s);
-    done = true;
-    cv.notify_all();
-  }
-};
-
-class UcxWork : public plugin::Work {
- public:
-  explicit UcxWork(std::shared_ptr<Completion> c) : c_(std::move(c)) {}
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(c_->mu);
-    return c_->done;
-  }
-  Status wait(WaitMode) override {
-    std::unique_lock<std::mutex> lock(c_->mu);
-    c_->cv.wait(lock, [&] { return c_->done; });
-    return c_->status;
-  }
-
- private:
-  std::shared_ptr<Completion> c_;
-};
+using cpu_algorithms::Completion;
+using cpu_algorithms::OwnedOp;
 
 ErrorCode code_of(TransportError::Kind kind) {
   switch (kind) {
@@ -225,7 +178,7 @@ Status UcxBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   }
   q_cv_.notify_one();
-  *work = std::make_unique<UcxWork>(std::move(completion));
+  *work = std::make_unique<cpu_algorithms::CompletionWork>(std::move(completion));
   return {};
 }
 
