@@ -106,7 +106,7 @@ std::string explain_hints(const BackendSpec& spec, const Hints& hints, const std
     }
     for (auto& [k, v] : explained.items()) out[k] = v;
   }
-  return out.dump();
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }
 
 std::vector<EnvironmentEntry> environment() {

@@ -406,7 +406,7 @@ std::string GlooBackend::describe() const {
   j["spin_us"] = config_.spin.count();
   j["sync_path_max_bytes"] = kSyncPathMaxBytes;
   j["op_timeout_ms"] = op_timeout_.load().count();
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }
 
 }  // namespace

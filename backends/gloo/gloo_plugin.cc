@@ -16,7 +16,7 @@ Status explain(const comms::Hints& hints, std::string* json) {
   if (!s.is_ok()) return s;
   nlohmann::ordered_json j;
   j["gloo_config"] = {{"interface", cfg.interface}, {"hostname", cfg.hostname}, {"busy_poll", cfg.busy_poll}};
-  *json = j.dump();
+  *json = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
   return {};
 }
 

@@ -74,7 +74,7 @@ std::string Core::describe_locked() const {
   j["stream_priority"] = prio;
   j["init_timeout_ms"] = init_.init_timeout.count();
   j["op_timeout_ms"] = op_timeout_.count();
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }
 
 int64_t Core::device_memory_used() const {

@@ -122,7 +122,11 @@ std::string nccl_version_string(int code) {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
 
+// Printable names only: the name goes into describe()/explain JSON and NCCL's logs.
 std::optional<std::string> canonical_net_name(std::string_view name) {
+  if (!std::all_of(name.begin(), name.end(), [](unsigned char ch) { return std::isprint(ch) != 0; })) {
+    return std::nullopt;
+  }
   std::vector<std::string> known = {"IB", "Socket"};
   if (const auto extra = comms::env::get("COMMS_NCCL_NET_NAMES")) {
     std::string_view rest(*extra);  // a view of *extra, which outlives the loop
@@ -188,7 +192,7 @@ Status translate_hints(const Hints& hints, int version, TranslatedHints* out) {
       auto name = canonical_net_name(value);
       if (!name) {
         s = invalid(key, value,
-                    "unknown network; NCCL's built-in ones are IB and Socket (add a net "
+                    "unknown network (or not printable); NCCL's built-in ones are IB and Socket (add a net "
                     "plugin's names to COMMS_NCCL_NET_NAMES)");
       } else {
         c.net_name = *name;
@@ -284,13 +288,15 @@ nlohmann::ordered_json config_object(const NcclConfigFields& c) {
 
 }  // namespace
 
-std::string config_json(const NcclConfigFields& c) { return config_object(c).dump(); }
+std::string config_json(const NcclConfigFields& c) {
+  return config_object(c).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // net_name may not be UTF-8
+}
 
 std::string explain_json(const TranslatedHints& t) {
   nlohmann::ordered_json j;
   j["nccl_config"] = config_object(t.config);
   j["high_priority_stream"] = t.priority == StreamPriority::kHigh;
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }
 
 }  // namespace comms::nccl

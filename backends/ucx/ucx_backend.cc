@@ -267,7 +267,7 @@ std::string UcxBackend::describe() const {
   j["yield_while_polling"] = settings_.yield;
   j["yield_after_us"] = settings_.yield_after.count();
   j["op_timeout_ms"] = op_timeout_.load().count();
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ Status explain(const comms::Hints& hints, std::string* json) {
                      {"rndv_thresh", comms::ucx_backend::rndv_thresh_text(cfg)},
                      {"busy_poll", cfg.busy_poll},
                      {"devices", devices}};
-  *json = j.dump();
+  *json = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
   return {};
 }
 

@@ -53,7 +53,7 @@ std::string Comm::Impl::describe() const {
     backends[std::string(to_string(static_cast<DeviceType>(i)))] = b;
   }
   j["backends"] = backends;
-  return j.dump(2);
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // names and hints may not be UTF-8
 }
 
 }  // namespace comms

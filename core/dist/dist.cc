@@ -122,7 +122,7 @@ std::string Group::describe() const {
   j["global_ranks"] = s.spec.ranks;
   j["description"] = s.spec.description;
   j["comm"] = nlohmann::json::parse(s.comm->describe());
-  return j.dump(2);
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // group names may not be UTF-8
 }
 
 // ---------------------------------------------------------------------------

@@ -163,7 +163,7 @@ std::string Recorder::to_json(const std::string& reason) const {
                         {"last_entered", last_entered()},
                         {"last_completed", last_completed()},
                         {"entries", std::move(entries)}};
-  return out.dump(1);
+  return out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);  // comm names may not be UTF-8
 }
 
 }  // namespace comms::trace
