@@ -63,6 +63,12 @@ constexpr Variable kVariables[] = {
     {"COMMS_GLOO_BUSY_POLL", "auto", "Gloo: how reads on the sync mesh (all_reduce, small broadcast, barrier) wait. auto: spin up to 100 us, yielding, then block, when the ranks on this host are at most its cores, else block; 1 (or another true boolean): spin until the data arrives; 0: block at once. Hint gloo.busy_poll wins over it."},
     {"COMMS_UCX_BUSY_POLL", "auto", "UCX: how waits on the UCP worker poll. auto: poll for up to 100 us (the first 3 us without yielding, then yielding the core after each empty poll; 50 us, all yielding, when the ranks on this host outnumber its cores), then sleep on the worker's event fd; 1: spin until the data arrives; 0: sleep at once. Hint ucx.busy_poll wins over it."},
     {"UCX_RNDV_THRESH", "", "UCX's eager/rendezvous threshold, read by UCX itself; the UCX plugin only checks whether it is set: unset (and no hint ucx.rndv_thresh), it sets 65537 so every message of the small-op paths goes eager."},
+    {"UCX_SYSV_FIFO_ELEM_SIZE", "", "UCX's size of a shared-memory FIFO element (sysv transport), read by UCX itself. Unset, together with UCX_POSIX_FIFO_ELEM_SIZE and UCX_MM_FIFO_ELEM_SIZE, the UCX plugin sets 4352 so that messages of up to 4 KiB travel inside the FIFO (UCX's own default, 128, sends them through receive buffers)."},
+    {"UCX_POSIX_FIFO_ELEM_SIZE", "", "As UCX_SYSV_FIFO_ELEM_SIZE, for UCX's posix shared-memory transport."},
+    {"UCX_MM_FIFO_ELEM_SIZE", "", "As UCX_SYSV_FIFO_ELEM_SIZE, for both of UCX's shared-memory transports (the per-transport variables win)."},
+    {"UCX_SYSV_FIFO_SIZE", "", "UCX's number of shared-memory FIFO elements (sysv transport), read by UCX itself. Unset, together with UCX_POSIX_FIFO_SIZE and UCX_MM_FIFO_SIZE, the UCX plugin sets 16 (UCX's own default is 64), which keeps the FIFO of 4352-byte elements small."},
+    {"UCX_POSIX_FIFO_SIZE", "", "As UCX_SYSV_FIFO_SIZE, for UCX's posix shared-memory transport."},
+    {"UCX_MM_FIFO_SIZE", "", "As UCX_SYSV_FIFO_SIZE, for both of UCX's shared-memory transports (the per-transport variables win)."},
     {"COMMS_NCCL_NET_NAMES", "", "NCCL: extra accepted values of the nccl.net_name hint (comma separated, case-insensitive), for NCCL net plugins. Built in: IB, Socket."},
     {"COMMS_TEST_REPORT_DIR", "", "Test harness only: directory where each test binary writes its per-rank gtest JSON report."},
 };

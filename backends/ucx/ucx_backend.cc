@@ -262,6 +262,7 @@ std::string UcxBackend::describe() const {
   j["transports"] = transports_;
   j["tls"] = settings_.tls.empty() ? "(UCX_TLS or UCX's default)" : settings_.tls;
   j["rndv_thresh"] = rndv_thresh_text(settings_);
+  j["shm_fifo"] = fifo_text();
   j["busy_poll"] = settings_.busy_poll;
   j["spin_us"] = settings_.spin_forever ? -1 : settings_.spin.count();
   j["yield_while_polling"] = settings_.yield;

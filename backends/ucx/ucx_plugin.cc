@@ -35,6 +35,7 @@ Status explain(const comms::Hints& hints, std::string* json) {
   j["ucx_config"] = {{"ucx_version", ucp_get_version_string()},
                      {"tls", cfg.tls.empty() ? "(UCX_TLS or UCX's default)" : cfg.tls},
                      {"rndv_thresh", comms::ucx_backend::rndv_thresh_text(cfg)},
+                     {"shm_fifo", comms::ucx_backend::fifo_text()},
                      {"busy_poll", cfg.busy_poll},
                      {"devices", devices}};
   *json = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8

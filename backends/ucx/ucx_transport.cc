@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <regex>
 #include <set>
 #include <stdexcept>
@@ -94,6 +95,30 @@ bool process_alive(int pid) {
 
 }  // namespace
 
+std::vector<FifoSetting> fifo_settings() {
+  // UCX reads UCX_SYSV_... and UCX_POSIX_... before UCX_MM_...: comms sets
+  // UCX's MM_ key (both transports) only where none of the three is set.
+  auto setting = [](const char* key, std::optional<std::string> sysv, std::optional<std::string> posix,
+                    std::optional<std::string> mm, size_t ours) {
+    for (auto& set : {sysv, posix, mm}) {
+      if (set) return FifoSetting{key, *set, true};
+    }
+    return FifoSetting{key, std::to_string(ours), false};
+  };
+  return {setting("MM_FIFO_ELEM_SIZE", env::get("UCX_SYSV_FIFO_ELEM_SIZE"), env::get("UCX_POSIX_FIFO_ELEM_SIZE"),
+                  env::get("UCX_MM_FIFO_ELEM_SIZE"), kFifoElemBytes),
+          setting("MM_FIFO_SIZE", env::get("UCX_SYSV_FIFO_SIZE"), env::get("UCX_POSIX_FIFO_SIZE"),
+                  env::get("UCX_MM_FIFO_SIZE"), kFifoElems)};
+}
+
+std::string fifo_text() {
+  std::string out;
+  for (const auto& f : fifo_settings()) {
+    out += (out.empty() ? "" : ", ") + f.key + "=" + f.value + (f.from_user ? " (environment)" : " (comms' default)");
+  }
+  return out;
+}
+
 std::string rndv_thresh_text(const UcxSettings& settings) {
   if (!settings.rndv_thresh.empty()) return settings.rndv_thresh + " (hint ucx.rndv_thresh)";
   if (auto set = env::get("UCX_RNDV_THRESH")) return *set + " (UCX_RNDV_THRESH)";
@@ -140,6 +165,21 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
   const bool thresh_given = !settings.rndv_thresh.empty() || env::get("UCX_RNDV_THRESH").has_value();
   modify("RNDV_THRESH", thresh_given ? settings.rndv_thresh : std::to_string(kDefaultRndvThresh), "rndv_thresh");
   eager_limit_ = thresh_given ? 0 : kDefaultRndvThresh;  // below it UCX sends eager
+  // Shared memory: a message that fits a FIFO element travels inside it
+  // (UCX's "short" send); a longer one goes through a receive buffer of the
+  // peer's pool. One that arrives before its receive is posted keeps its
+  // buffer and the FIFO element gets a fresh one, so senders running ahead
+  // of a gather's or reduce's root touched new shared pages with every
+  // message (page faults on both sides). Elements that hold 4 KiB and its
+  // headers keep those messages in the FIFO's ring; 16 of them keep the ring
+  // (68 KiB) about as small as UCX's 64 x 128 bytes plus the buffers it
+  // cycles: 64 large elements made every message stride to a new page
+  // (barrier and 16 KiB ops 2-10x slower). docs/PERFORMANCE.md has the sweep.
+  for (const auto& f : fifo_settings()) {
+    if (!f.from_user && ucp_config_modify(config, f.key.c_str(), f.value.c_str()) != UCS_OK && log_) {
+      log_(0, ("ucx: UCX does not take " + f.key + "; its FIFO keeps UCX's shape").c_str());
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;

@@ -46,6 +46,19 @@ struct UcxSettings {
 // else UCX_RNDV_THRESH, else comms' default (every small-op message eager).
 std::string rndv_thresh_text(const UcxSettings& settings);
 
+// The shape of the shared-memory transports' receive FIFO each context
+// gets (UCX's MM_FIFO_ELEM_SIZE and MM_FIFO_SIZE): the environment's
+// (UCX_SYSV_/UCX_POSIX_/UCX_MM_...), else comms' below.
+inline constexpr size_t kFifoElemBytes = 4096 + 256;  // a 4 KiB message and its headers
+inline constexpr size_t kFifoElems = 16;
+struct FifoSetting {
+  std::string key;  // UCX's variable without the UCX_ prefix
+  std::string value;
+  bool from_user = false;
+};
+std::vector<FifoSetting> fifo_settings();
+std::string fifo_text();  // for describe()
+
 // Messages to and from comms' log (level 0 debug .. 3 error).
 using LogFn = void (*)(int level, const char* message);
 

@@ -102,6 +102,13 @@ const std::map<std::string, Decision>& decisions() {
       {"COMMS_GLOO_BUSY_POLL", {Malformed{"COMMS_GLOO_BUSY_POLL", "sometimes"}}},
       {"UCX_RNDV_THRESH", {std::nullopt, "UCX's own variable: UCX's parser rejects a malformed value when the plugin "
                                          "starts UCX; comms only checks whether it is set"}},
+      {"UCX_SYSV_FIFO_ELEM_SIZE", {std::nullopt, "UCX's own variable: UCX's parser rejects a malformed value when "
+                                                 "the plugin starts UCX; comms only checks whether it is set"}},
+      {"UCX_POSIX_FIFO_ELEM_SIZE", {std::nullopt, "UCX's own variable, as UCX_SYSV_FIFO_ELEM_SIZE"}},
+      {"UCX_MM_FIFO_ELEM_SIZE", {std::nullopt, "UCX's own variable, as UCX_SYSV_FIFO_ELEM_SIZE"}},
+      {"UCX_SYSV_FIFO_SIZE", {std::nullopt, "UCX's own variable, as UCX_SYSV_FIFO_ELEM_SIZE"}},
+      {"UCX_POSIX_FIFO_SIZE", {std::nullopt, "UCX's own variable, as UCX_SYSV_FIFO_ELEM_SIZE"}},
+      {"UCX_MM_FIFO_SIZE", {std::nullopt, "UCX's own variable, as UCX_SYSV_FIFO_ELEM_SIZE"}},
 #if UCX_PLUGIN_BUILT
       {"COMMS_UCX_BUSY_POLL", {Malformed{"COMMS_UCX_BUSY_POLL", "sometimes", {{"COMMS_BACKEND", "cpu:ucx"}}}}},
 #else
