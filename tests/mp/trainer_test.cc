@@ -101,7 +101,9 @@ TEST(Trainer, ACommunicatorConfigWithAListAsAKeyFailsNamingTheFileAndLine) {
 }
 
 TEST(Trainer, ARankKilledMidRunMakesTheOthersFailWithoutHanging) {
-  Process p = Process::start({COMMSRUN, "-n", "4", "--grace", "20", "--", TRAINER, "--steps", "100000000",
+  // --keep-going: commsrun must not stop the survivors before each has seen
+  // the failure itself (that is what this test is about).
+  Process p = Process::start({COMMSRUN, "-n", "4", "--keep-going", "--", TRAINER, "--steps", "100000000",
                               "--print-every", "100"},
                              {{"COMMS_BACKEND", "cpu:gloo"}, {"COMMS_OP_TIMEOUT", "30s"}});
   ASSERT_TRUE(p.read_until([](const std::string& o) { return o.find("step 100 ") != std::string::npos; }, 60s))
@@ -156,7 +158,9 @@ TEST(Trainer, UcxGivesTheFinalLossOfGlooAlsoWithOffloadAndReload) {
 }
 
 TEST(Trainer, AUcxRankKilledMidRunMakesTheOthersFailWithoutHanging) {
-  Process p = Process::start({COMMSRUN, "-n", "4", "--grace", "20", "--", TRAINER, "--steps", "100000000",
+  // --keep-going: commsrun must not stop the survivors before each has seen
+  // the failure itself (that is what this test is about).
+  Process p = Process::start({COMMSRUN, "-n", "4", "--keep-going", "--", TRAINER, "--steps", "100000000",
                               "--print-every", "100"},
                              {{"COMMS_BACKEND", "cpu:ucx"}, {"COMMS_OP_TIMEOUT", "20s"}});
   ASSERT_TRUE(p.read_until([](const std::string& o) { return o.find("step 100 ") != std::string::npos; }, 60s))

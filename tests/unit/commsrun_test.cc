@@ -254,6 +254,22 @@ TEST(Commsrun, AFailingRankStopsTheOthersAndItsStatusBecomesTheExitCode) {
   EXPECT_FALSE(r.hit_limit);
 }
 
+TEST(Commsrun, KeepGoingLetsTheOthersFinishAndTheFirstFailureIsTheExitCode) {
+  // Rank 1 fails first; rank 2 fails later and rank 0 succeeds, both
+  // unstopped. The exit code stays the first failure's.
+  auto r = run_commsrun({"-n", "3", "--keep-going", "--", "sh", "-c",
+                         "case $RANK in 1) exit 3;; 2) sleep 0.5; exit 4;; *) sleep 1; echo finished;; esac"});
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(commsrun: rank 1 \(pid \d+\) exited with status 3\n)")))
+      << describe(r);
+  EXPECT_TRUE(contains(r.err, "--keep-going: leaving the other 2 ranks running")) << describe(r);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(rank 2 \(pid \d+\) exited with status 4 \(after the first failure\))")))
+      << describe(r);
+  EXPECT_TRUE(contains(r.out, "[0] finished")) << describe(r);
+  EXPECT_FALSE(contains(r.err, "SIGTERM")) << describe(r);
+  EXPECT_FALSE(r.hit_limit);
+}
+
 TEST(Commsrun, ARankKilledBySignalGives128PlusTheSignal) {
   auto r = run_commsrun({"-n", "3", "--", "sh", "-c", "if [ $RANK = 2 ]; then kill -9 $$; fi; exec sleep 60"});
   EXPECT_EQ(r.exit_code, 137) << describe(r);

@@ -110,9 +110,11 @@ void Launcher::reap() {
     }
     return str::cat("rank ", e.rank->rank, " (pid ", e.rank->pid, ") exited with status ", WEXITSTATUS(e.status));
   };
-  if (stopping_) {
-    // After the stop began these are consequences; say so, for the record.
-    for (const auto& e : failures) say(str::cat(describe(e), " (while stopping)"));
+  if (stopping_ || kept_going_) {
+    // After the stop began, or the first failure under --keep-going, these
+    // are consequences; say so, for the record.
+    const char* when = stopping_ ? " (while stopping)" : " (after the first failure)";
+    for (const auto& e : failures) say(str::cat(describe(e), when));
   } else {
     auto cause = std::find_if(failures.begin(), failures.end(), [](const Exit& e) { return WIFSIGNALED(e.status); });
     if (cause == failures.end()) cause = failures.begin();
@@ -122,11 +124,16 @@ void Launcher::reap() {
       if (it != cause) say(str::cat(describe(*it), " (at the same time)"));
     }
     const int others = running_count();
-    if (others > 0) {
-      say(str::cat("stopping the other ", ranks_text(others), " (SIGTERM, then SIGKILL after ",
-                   seconds_text(options_.grace_s), " s)"));
+    if (options_.keep_going) {
+      if (others > 0) say(str::cat("--keep-going: leaving the other ", ranks_text(others), " running"));
+      kept_going_ = true;
+    } else {
+      if (others > 0) {
+        say(str::cat("stopping the other ", ranks_text(others), " (SIGTERM, then SIGKILL after ",
+                     seconds_text(options_.grace_s), " s)"));
+      }
+      begin_stop(SIGTERM);
     }
-    begin_stop(SIGTERM);
   }
   if (running_count() == 0 && !all_exited_at_) all_exited_at_ = Clock::now();
 }

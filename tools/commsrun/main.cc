@@ -1,9 +1,9 @@
 // commsrun: starts the ranks of one node of a job, hosts the TCP store on
 // node 0, prefixes every output line with the rank, and tears the whole node
-// down as soon as one rank fails.
+// down as soon as one rank fails (with --keep-going, lets the others run on).
 //
 //   commsrun -n N [--master-addr A] [--master-port P] [--nnodes K --node-rank R]
-//            [--timeout S] [--grace S] [--exit-barrier-timeout S] [--] PROGRAM ARGS...
+//            [--timeout S] [--grace S] [--keep-going] [--exit-barrier-timeout S] [--] PROGRAM ARGS...
 //   commsrun --store-only [--master-addr A] [--master-port P] [--timeout S]
 //
 // torchrun's spellings work too (--nproc_per_node, --master_addr, --node_rank,

@@ -85,6 +85,9 @@ void add_options(CLI::App& app, LaunchOptions& options, std::string& nproc_text,
   app.add_option("--grace", options.grace_s, "Seconds between SIGTERM and SIGKILL when stopping ranks")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag("--keep-going", options.keep_going,
+               "When a rank fails, leave the others running until they exit by themselves (to see each "
+               "survivor detect the failure; like srun --kill-on-bad-exit=0); --timeout still applies");
   app.add_option("--exit-barrier-timeout", options.exit_barrier_s,
                  "With several nodes: how long node 0 keeps the store up for the other nodes after its "
                  "own ranks succeeded")

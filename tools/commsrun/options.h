@@ -20,6 +20,7 @@ struct LaunchOptions {
   double grace_s = 3;
   double exit_barrier_s = 300;
   bool store_only = false;  // --store-only: host the store, start no rank
+  bool keep_going = false;  // --keep-going: a failed rank does not stop the others
   std::vector<std::string> command;
   std::string store_token;      // "" : the store is open
   bool token_generated = false;  // made here: the ranks get it from us
