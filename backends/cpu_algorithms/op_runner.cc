@@ -17,7 +17,7 @@ void OpRunner::run(const plugin::OpDesc& op) {
   if (op.type == OpType::kSend || op.type == OpType::kRecv || op.type == OpType::kBatchP2P) {
     throw std::invalid_argument("point-to-point ops are the transport's, not the CPU algorithms'");
   }
-  if (t_.size() == 1) return run_locally(op);
+  if (t_.size() == 1) return run_on_one_rank(op);
   const auto deadline = Clock::now() + op.timeout;
   const size_t bytes = op.count * element_size(op.dtype);
   if (algorithm_for(op.type, bytes, t_.size()) != Algorithm::kNone) {
@@ -27,8 +27,7 @@ void OpRunner::run(const plugin::OpDesc& op) {
   run_vector(op, deadline);
 }
 
-// A single rank: every collective is a copy (plus the avg/premul finish).
-void OpRunner::run_locally(const plugin::OpDesc& op) {
+void run_on_one_rank(const plugin::OpDesc& op) {
   const size_t es = element_size(op.dtype);
   auto copy = [](void* dst, const void* src, size_t n) {
     if (dst != src && n) std::memmove(dst, src, n);
@@ -56,7 +55,12 @@ void OpRunner::run_locally(const plugin::OpDesc& op) {
     case OpType::kAllGatherV:
     case OpType::kAllToAllV:
       return copy(op.output, op.input, op.counts[0] * es);
-    default:  // broadcast, barrier: nothing moves
+    case OpType::kSend:
+    case OpType::kRecv:
+      throw std::invalid_argument("point-to-point needs a peer");
+    case OpType::kBroadcast:
+    case OpType::kBarrier:
+    case OpType::kBatchP2P:  // validated: no peer but self exists, so empty
       return;
   }
 }

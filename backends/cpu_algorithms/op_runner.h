@@ -17,6 +17,11 @@ namespace comms::cpu_algorithms {
 // avg divides by size, premul_sum scales: after the sum.
 void finish_reduction(const plugin::OpDesc& op, void* data, size_t n, int size);
 
+// A collective on a one-rank comm: a copy (plus the avg/premul finish), or
+// nothing for broadcast, barrier and an empty batch. Throws
+// std::invalid_argument for a send or receive (no peer exists).
+void run_on_one_rank(const plugin::OpDesc& op);
+
 class OpRunner {
  public:
   // The transport must outlive this object.
@@ -28,7 +33,6 @@ class OpRunner {
   void run(const plugin::OpDesc& op);
 
  private:
-  void run_locally(const plugin::OpDesc& op);
   void run_collective(const plugin::OpDesc& op, Clock::time_point deadline);
   void run_vector(const plugin::OpDesc& op, Clock::time_point deadline);
 

@@ -42,6 +42,7 @@ using plugin::OpType;
 using Clock = std::chrono::steady_clock;
 using cpu_algorithms::reduce_fn;
 using cpu_algorithms::ReduceFn;
+using cpu_algorithms::finish_reduction;
 
 // One transport device (and its event-loop thread) per bind address, shared
 // by every comm of the process.

@@ -22,7 +22,7 @@
 
 namespace comms::gloo_backend {
 
-using namespace cpu_algorithms;  // reduce_fn, divide, scale, with_element_type
+using namespace cpu_algorithms;  // reduce_fn, finish_reduction, run_on_one_rank, with_element_type
 using plugin::OpType;
 using Clock = std::chrono::steady_clock;
 
@@ -32,11 +32,6 @@ constexpr uint8_t kP2PSlotPrefix = 0x40;
 void* AsyncOps::scratch(size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);
   return scratch_.data();
-}
-
-void finish_reduction(const plugin::OpDesc& op, void* data, size_t n, int size) {
-  if (op.reduce.kind == ReduceKind::kAvg) divide(data, op.dtype, n, size);
-  else if (op.reduce.kind == ReduceKind::kPremulSum) scale(data, op.dtype, n, op.reduce.scalar);
 }
 
 
@@ -161,50 +156,6 @@ void AsyncOps::point_to_point(std::span<const P2POp> ops, std::chrono::milliseco
   }
 }
 
-// A single rank: every collective is a copy (plus the avg/premul finish).
-void AsyncOps::run_locally(const plugin::OpDesc& op) {
-  const size_t bytes = op.count * element_size(op.dtype);
-  auto copy = [](void* dst, const void* src, size_t n) {
-    if (dst != src && n) std::memmove(dst, src, n);
-  };
-  switch (op.type) {
-    case OpType::kAllReduce:
-    case OpType::kReduce:
-    case OpType::kReduceScatter:
-      if (op.output) {
-        copy(op.output, op.input, bytes);
-        finish_reduction(op, op.output, op.count, size_);
-      }
-      return;
-    case OpType::kReduceScatterV:
-      copy(op.output, op.input, op.counts[0] * element_size(op.dtype));
-      finish_reduction(op, op.output, op.counts[0], size_);
-      return;
-    case OpType::kAllGather:
-    case OpType::kGather:
-    case OpType::kScatter:
-    case OpType::kAllToAll:
-      copy(op.output, op.input, bytes);
-      return;
-    case OpType::kAllGatherList:
-      copy(op.output_list[0], op.input, bytes);
-      return;
-    case OpType::kAllGatherV:
-      copy(op.output, op.input, op.counts[0] * element_size(op.dtype));
-      return;
-    case OpType::kAllToAllV:
-      copy(op.output, op.input, op.counts[0] * element_size(op.dtype));
-      return;
-    case OpType::kBroadcast:
-    case OpType::kBarrier:
-    case OpType::kBatchP2P:  // validated: no peer but self exists, so empty
-      return;
-    case OpType::kSend:
-    case OpType::kRecv:
-      throw std::invalid_argument("point-to-point needs a peer");
-  }
-}
-
 void AsyncOps::broadcast(const plugin::OpDesc& op) {
   ::gloo::BroadcastOptions o(ctx_);
   o.setRoot(op.root);
@@ -273,7 +224,7 @@ void AsyncOps::send_or_recv(const plugin::OpDesc& op) {
 // Ops with nothing to move (count 0) return at once: Gloo's collectives
 // refuse empty buffers.
 void AsyncOps::run(const plugin::OpDesc& op) {
-  if (size_ == 1) return run_locally(op);
+  if (size_ == 1) return run_on_one_rank(op);
   switch (op.type) {
     case OpType::kAllReduce: return op.count ? all_reduce(op) : void();
     case OpType::kReduce: return op.count ? reduce(op) : void();

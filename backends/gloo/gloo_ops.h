@@ -10,11 +10,9 @@
 #include <gloo/context.h>
 
 #include "comms/plugin.h"
+#include "op_runner.h"  // finish_reduction, run_on_one_rank
 
 namespace comms::gloo_backend {
-
-// avg divides by size, premul_sum scales: after the sum.
-void finish_reduction(const plugin::OpDesc& op, void* data, size_t n, int size);
 
 class AsyncOps {
  public:
@@ -27,7 +25,6 @@ class AsyncOps {
 
  private:
   void* scratch(size_t bytes);  // reused across ops
-  void run_locally(const plugin::OpDesc& op);
   void all_reduce(const plugin::OpDesc& op);
   void reduce(const plugin::OpDesc& op);
   void broadcast(const plugin::OpDesc& op);
