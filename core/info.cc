@@ -7,6 +7,7 @@
 
 #include "comm_impl.h"
 #include "env.h"
+#include "json_text.h"
 #include "plugin_registry.h"
 #include "strutil.h"
 
@@ -106,7 +107,7 @@ std::string explain_hints(const BackendSpec& spec, const Hints& hints, const std
     }
     for (auto& [k, v] : explained.items()) out[k] = v;
   }
-  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
+  return json_text(out);
 }
 
 std::vector<EnvironmentEntry> environment() {

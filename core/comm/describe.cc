@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm_impl.h"
+#include "json_text.h"
 #include "strutil.h"
 
 namespace comms {
@@ -53,7 +54,7 @@ std::string Comm::Impl::describe() const {
     backends[std::string(to_string(static_cast<DeviceType>(i)))] = b;
   }
   j["backends"] = backends;
-  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // names and hints may not be UTF-8
+  return json_text(j, 2);
 }
 
 }  // namespace comms

@@ -10,6 +10,7 @@
 #include "comm_impl.h"
 #include "dist_state.h"
 #include "env.h"
+#include "json_text.h"
 #include "log.h"
 #include "strutil.h"
 
@@ -122,7 +123,7 @@ std::string Group::describe() const {
   j["global_ranks"] = s.spec.ranks;
   j["description"] = s.spec.description;
   j["comm"] = nlohmann::json::parse(s.comm->describe());
-  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // group names may not be UTF-8
+  return json_text(j, 2);
 }
 
 // ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "env.h"
+#include "json_text.h"
 
 namespace comms::trace {
 
@@ -163,7 +164,7 @@ std::string Recorder::to_json(const std::string& reason) const {
                         {"last_entered", last_entered()},
                         {"last_completed", last_completed()},
                         {"entries", std::move(entries)}};
-  return out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);  // comm names may not be UTF-8
+  return json_text(out, 1);
 }
 
 }  // namespace comms::trace

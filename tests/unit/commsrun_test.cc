@@ -258,7 +258,7 @@ TEST(Commsrun, KeepGoingLetsTheOthersFinishAndTheFirstFailureIsTheExitCode) {
   // Rank 1 fails first; rank 2 fails later and rank 0 succeeds, both
   // unstopped. The exit code stays the first failure's.
   auto r = run_commsrun({"-n", "3", "--keep-going", "--", "sh", "-c",
-                         "case $RANK in 1) exit 3;; 2) sleep 0.5; exit 4;; *) sleep 1; echo finished;; esac"});
+                         "case $RANK in 1) exit 3;; 2) sleep 1; exit 4;; *) sleep 2; echo finished;; esac"});
   EXPECT_EQ(r.exit_code, 3) << describe(r);
   EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(commsrun: rank 1 \(pid \d+\) exited with status 3\n)")))
       << describe(r);

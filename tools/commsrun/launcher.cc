@@ -110,7 +110,9 @@ void Launcher::reap() {
     }
     return str::cat("rank ", e.rank->rank, " (pid ", e.rank->pid, ") exited with status ", WEXITSTATUS(e.status));
   };
-  if (stopping_ || kept_going_) {
+  // Under --keep-going, a set exit code without a stop means a rank failed.
+  const bool after_first_failure = options_.keep_going && exit_code_.has_value();
+  if (stopping_ || after_first_failure) {
     // After the stop began, or the first failure under --keep-going, these
     // are consequences; say so, for the record.
     const char* when = stopping_ ? " (while stopping)" : " (after the first failure)";
@@ -126,7 +128,6 @@ void Launcher::reap() {
     const int others = running_count();
     if (options_.keep_going) {
       if (others > 0) say(str::cat("--keep-going: leaving the other ", ranks_text(others), " running"));
-      kept_going_ = true;
     } else {
       if (others > 0) {
         say(str::cat("stopping the other ", ranks_text(others), " (SIGTERM, then SIGKILL after ",

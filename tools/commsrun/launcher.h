@@ -50,7 +50,6 @@ class Launcher {
   std::vector<RankProcess> ranks_;
   int signal_fd_ = -1;
   bool stopping_ = false;
-  bool kept_going_ = false;  // --keep-going and a rank has failed: exit_code_ is set
   int received_signal_ = 0;
   std::optional<int> exit_code_;
   std::optional<Clock::time_point> run_deadline_;
