@@ -30,6 +30,7 @@ using Kind = TransportError::Kind;
 
 // Tag: class (4 bits) | sender rank (28 bits) | sequence or user tag (32 bits).
 constexpr uint64_t kP2PClass = 8;
+constexpr uint64_t kCreditClass = 9;  // credit grants (take_credit)
 constexpr uint64_t kFullMask = ~uint64_t{0};
 constexpr size_t kDefaultRndvThresh = cpu_algorithms::kExchangeMaxBytes + 1;
 constexpr uint32_t kHandshakeTag = 0xffffffffu;  // a p2p tag: users' tags are below it in practice
@@ -167,14 +168,13 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
   eager_limit_ = thresh_given ? 0 : kDefaultRndvThresh;  // below it UCX sends eager
   // Shared memory: a message that fits a FIFO element travels inside it
   // (UCX's "short" send); a longer one goes through a receive buffer of the
-  // peer's pool. One that arrives before its receive is posted keeps its
-  // buffer and the FIFO element gets a fresh one, so senders running ahead
-  // of a gather's or reduce's root touched new shared pages with every
-  // message (page faults on both sides). Elements that hold 4 KiB and its
-  // headers keep those messages in the FIFO's ring; 16 of them keep the ring
-  // (68 KiB) about as small as UCX's 64 x 128 bytes plus the buffers it
-  // cycles: 64 large elements made every message stride to a new page
-  // (barrier and 16 KiB ops 2-10x slower). docs/PERFORMANCE.md has the sweep.
+  // peer's pool, and one that arrives before its receive is posted keeps
+  // that buffer, the FIFO element taking a fresh one. Every buffer the pool
+  // grows by is a new shared page that both sides fault in, which made
+  // 16 KiB gathers and reduces slower than Gloo. Elements that hold a 4-ranks
+  // exchange message (16 KiB) and its headers keep those in the FIFO's ring;
+  // 16 of them (260 KiB) are touched once and reused. docs/PERFORMANCE.md
+  // has the sweeps.
   for (const auto& f : fifo_settings()) {
     if (!f.from_user && ucp_config_modify(config, f.key.c_str(), f.value.c_str()) != UCS_OK && log_) {
       log_(0, ("ucx: UCX does not take " + f.key + "; its FIFO keeps UCX's shape").c_str());
@@ -195,6 +195,7 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
   if (ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;  // then waits back off instead
   eps_.assign(static_cast<size_t>(size), nullptr);
   slots_.resize(static_cast<size_t>(size));
+  credit_.resize(static_cast<size_t>(size));
 }
 
 UcxTransport::~UcxTransport() {
@@ -203,6 +204,10 @@ UcxTransport::~UcxTransport() {
     if (f.req) ucp_request_free(f.req);  // the copy is freed with f; UCX drops the request
   }
   in_flight_.clear();
+  for (auto& c : credit_) {
+    if (c.take_req) ucp_request_free(c.take_req);
+  }
+  credit_.clear();
   if (worker_) ucp_worker_destroy(worker_);
   if (context_) ucp_cleanup(context_);
 }
@@ -342,6 +347,43 @@ void UcxTransport::send_buffered(int peer, uint64_t tag, const void* data, size_
   it->req = post_send(peer, tag, it->copy.data(), len);
 }
 
+// Eager messages a peer has not asked for yet wait in its memory (UCX keeps
+// each in a shared-memory receive buffer and takes a fresh one): a rank that
+// only sends to a peer, like a gather's non-root, ran thousands of ops ahead
+// of a root that was waiting for another rank, and a long run grew the root
+// by gigabytes, each message on a new page. So a receiver grants its sender
+// a credit (a one-byte message) for every kCreditMessages collective
+// messages it has received, and a sender waits for credit before it has
+// more than 2 x kCreditMessages unreceived. A grant is one short eager
+// message per kCreditMessages; its sender does not wait for it to be taken.
+void UcxTransport::post_credit_receive(int peer) {
+  Credit& c = credit_[static_cast<size_t>(peer)];
+  for (;;) {
+    c.take_req = post_recv(peer, make_tag(kCreditClass, peer, c.take_seq++), &c.take_buf, 1);
+    if (c.take_req) return;
+    c.granted += kCreditMessages;  // the grant had arrived
+  }
+}
+
+void UcxTransport::take_credit(int peer, Clock::time_point deadline) {
+  Credit& c = credit_[static_cast<size_t>(peer)];
+  ++c.sent;
+  if (!c.take_req) post_credit_receive(peer);
+  // Every grant that has arrived, then, while over the window, the next.
+  while (ucp_request_check_status(c.take_req) != UCS_INPROGRESS || c.sent > c.granted + 2 * kCreditMessages) {
+    wait(c.take_req, peer, deadline, "send");
+    c.granted += kCreditMessages;
+    post_credit_receive(peer);
+  }
+}
+
+void UcxTransport::grant_credit(int peer, Clock::time_point deadline) {
+  Credit& c = credit_[static_cast<size_t>(peer)];
+  if (++c.received % kCreditMessages != 0) return;
+  static const uint8_t kGrant = 1;
+  send_buffered(peer, make_tag(kCreditClass, rank_, c.grant_seq++), &kGrant, 1, deadline);
+}
+
 // A send UCX could not finish at once (rendezvous, a full shared-memory
 // FIFO) needs this rank's progress to go on; with many queued, a sleeping
 // rank stalls them all. The algorithms never need more than two unread
@@ -362,6 +404,7 @@ void UcxTransport::limit_in_flight(int peer, Clock::time_point deadline) {
 }
 
 void UcxTransport::send(int peer, Channel ch, Region src, size_t offset, size_t len, size_t, Clock::time_point deadline) {
+  take_credit(peer, deadline);
   const uint32_t seq = send_seq_[static_cast<size_t>(peer)][static_cast<size_t>(ch)]++;
   send_buffered(peer, make_tag(static_cast<uint64_t>(ch), rank_, seq),
                 static_cast<const unsigned char*>(src.base) + offset, len, deadline);
@@ -385,6 +428,7 @@ void UcxTransport::send_stable(int peer, Channel ch, Region src, size_t offset, 
     if (count < kMaxInFlightPerPeer) break;
     wait(*oldest, peer, deadline, "send");
   }
+  take_credit(peer, deadline);
   const uint32_t seq = send_seq_[static_cast<size_t>(peer)][static_cast<size_t>(ch)]++;
   void* req = post_send(peer, make_tag(static_cast<uint64_t>(ch), rank_, seq),
                         static_cast<const unsigned char*>(src.base) + offset, len);
@@ -406,6 +450,7 @@ void UcxTransport::recv(int peer, Channel ch, Region dst, size_t dst_offset, siz
   void* req = post_recv(peer, make_tag(static_cast<uint64_t>(ch), peer, seq),
                         static_cast<unsigned char*>(dst.base) + dst_offset, len);
   wait(req, peer, deadline, "receive");
+  grant_credit(peer, deadline);
 }
 
 void UcxTransport::point_to_point(const std::vector<P2P>& ops, Clock::time_point deadline) {
@@ -505,6 +550,7 @@ bool UcxTransport::flush(Clock::time_point deadline) {
     ucp_worker_progress(worker_);
     reap();
   }
+  for (auto& c : credit_) cancel(c.take_req);
   // Close every endpoint: gracefully when the peer is fine, else forced.
   std::vector<void*> closing;
   for (size_t p = 0; p < eps_.size(); ++p) {

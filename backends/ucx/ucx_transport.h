@@ -9,6 +9,10 @@
 // only the peer's progress), else it is copied into a buffer the transport
 // owns and left in flight, so two ranks sending to each other both reach
 // their receives (the transport's buffering rule). Later waits progress it.
+// Credit: a receiver grants its sender one for every kCreditMessages
+// collective messages received, and a sender waits for credit beyond
+// 2 x kCreditMessages unreceived, so a rank that only sends (a gather's or
+// reduce's non-root) cannot fill its receiver's memory.
 // send_stable sends in place and is waited for in wait_sends.
 //
 // Waiting: progress the worker; spin while the settings allow, else arm the
@@ -49,7 +53,7 @@ std::string rndv_thresh_text(const UcxSettings& settings);
 // The shape of the shared-memory transports' receive FIFO each context
 // gets (UCX's MM_FIFO_ELEM_SIZE and MM_FIFO_SIZE): the environment's
 // (UCX_SYSV_/UCX_POSIX_/UCX_MM_...), else comms' below.
-inline constexpr size_t kFifoElemBytes = 4096 + 256;  // a 4 KiB message and its headers
+inline constexpr size_t kFifoElemBytes = 16384 + 256;  // a 16 KiB message and its headers
 inline constexpr size_t kFifoElems = 16;
 struct FifoSetting {
   std::string key;  // UCX's variable without the UCX_ prefix
@@ -121,6 +125,14 @@ class UcxTransport final : public cpu_algorithms::Transport {
     UcxTransport* self;
     int rank;
   };
+  struct Credit {
+    uint64_t sent = 0;      // collective messages sent to the peer
+    uint64_t granted = 0;   // of those, the ones the peer has reported received
+    uint64_t received = 0;  // collective messages received from the peer
+    uint32_t grant_seq = 0, take_seq = 0;  // grants sent to / received from the peer
+    void* take_req = nullptr;  // the receive posted for the peer's next grant
+    uint8_t take_buf = 0;
+  };
   struct InFlight {
     void* req = nullptr;
     int peer = -1;
@@ -136,6 +148,11 @@ class UcxTransport final : public cpu_algorithms::Transport {
 
   // Sends without waiting for the receiver: see the header comment.
   void send_buffered(int peer, uint64_t tag, const void* data, size_t len, Clock::time_point deadline);
+  // Credit (see the header comment): take_credit before each collective
+  // message to peer, grant_credit after each one received from it.
+  void take_credit(int peer, Clock::time_point deadline);
+  void grant_credit(int peer, Clock::time_point deadline);
+  void post_credit_receive(int peer);
   void* post_send(int peer, uint64_t tag, const void* data, size_t len);
   void* post_recv(int peer, uint64_t tag, void* data, size_t len);
   // Waits for req; throws TransportError on a timeout, abort or failure of peer.
@@ -145,6 +162,9 @@ class UcxTransport final : public cpu_algorithms::Transport {
   void reap();  // frees finished in-flight copies
   void limit_in_flight(int peer, Clock::time_point deadline);
   static constexpr int kMaxInFlightPerPeer = 4;
+  // The algorithms never need more than two unread messages per link, so a
+  // window of 2 x kCreditMessages cannot deadlock.
+  static constexpr uint64_t kCreditMessages = 8;
   [[noreturn]] void fail(cpu_algorithms::TransportError::Kind kind, int peer, const std::string& what) const;
   std::string peer_error(int peer) const;
 
@@ -161,6 +181,7 @@ class UcxTransport final : public cpu_algorithms::Transport {
   std::vector<bool> dead_pid_;  // per rank: failed because its process exited
   Clock::time_point next_liveness_check_{};
   std::vector<InFlight> in_flight_;
+  std::vector<Credit> credit_;  // per peer; never resized after construction (receives point into it)
   uint64_t posted_ = 0;
   size_t eager_limit_ = 0;  // messages shorter than this go eager; 0: not known (a threshold was given)
   std::vector<std::pair<void*, int>> in_place_;  // this op's send_stable requests and their peers

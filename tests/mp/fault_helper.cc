@@ -8,6 +8,9 @@
 //   close  the last rank finalizes its comm between two all_reduces and
 //          lives on; the others write to reset connections, which must give
 //          them peer_failure.
+//   late-sender  the last rank joins a stream of 16 KiB gathers to rank 0
+//          1 s late; each rank prints how many gathers it finished in the
+//          first 0.5 s, and the root how many values it got wrong.
 //   exit-without-shutdown  groups are created, an async op is left in
 //          flight, and main returns without shutdown: the process must
 //          still exit promptly.
@@ -95,6 +98,29 @@ int main(int argc, char** argv) {
       return report(e, start);
     }
     std::printf("no error on rank %d\n", world->rank());
+    return 0;
+  }
+  if (mode == "late-sender") {
+    constexpr int kOps = 400;
+    constexpr size_t kFloats = 4096;  // 16 KiB: over UCX an eager message
+    std::vector<float> mine(kFloats), all(kFloats * static_cast<size_t>(world->size()));
+    auto value = [](int rank, int op, size_t k) { return static_cast<float>(rank * 100000 + op * 16 + k % 16); };
+    // The comm's creation lined the ranks up; the late one starts 1 s after.
+    const auto surely_not_started = Clock::now() + std::chrono::milliseconds(500);
+    if (world->rank() == last) std::this_thread::sleep_for(std::chrono::seconds(1));
+    int early = 0;
+    long wrong = 0;
+    for (int i = 0; i < kOps; ++i) {
+      for (size_t k = 0; k < kFloats; ++k) mine[k] = value(world->rank(), i, k);
+      world->gather(BufferView::of(mine), BufferView::of(all), 0);
+      if (world->rank() == 0) {
+        for (int r = 0; r < world->size(); ++r) {
+          for (size_t k = 0; k < kFloats; ++k) wrong += all[static_cast<size_t>(r) * kFloats + k] != value(r, i, k);
+        }
+      }
+      if (Clock::now() < surely_not_started) ++early;
+    }
+    std::printf("LATESENDER rank %d early %d wrong %ld\n", world->rank(), early, wrong);
     return 0;
   }
   if (mode == "skip") {

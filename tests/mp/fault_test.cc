@@ -138,6 +138,21 @@ TEST(UcxFaults, APeerThatSkipsAnOpMakesTheOthersTimeOutWithinTheOpTimeout) {
   EXPECT_NE(p.exit_code(), 0);
 }
 
+// A gather's non-root never waits for the root, and UCX keeps each eager
+// message the root has not asked for in the root's memory: while the root
+// waited for a late rank, rank 1 ran all 400 gathers ahead (without the
+// transport's credit; a long run grew the root by gigabytes).
+TEST(UcxFaults, ASenderRunsAtMostTheCreditWindowAheadOfARootThatWaitsForALateRank) {
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", FAULT_HELPER, "late-sender"},
+               {{"COMMS_OP_TIMEOUT", "30s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 60s);
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(p.output, m, std::regex(R"(LATESENDER rank 1 early (\d+))"))) << p.output;
+  // At most the credit window: 2 x 8 messages per peer.
+  EXPECT_LE(std::stoi(m[1]), 16) << p.output;
+  EXPECT_NE(p.output.find("LATESENDER rank 0 early 0 wrong 0"), std::string::npos) << p.output;
+}
+
 TEST(UcxFaults, AbortWakesAnInFlightOpWithAbortedAndLaterOpsFailFast) {
   auto p = run({COMMSRUN, "-n", "2", "--grace", "5", "--", FAULT_HELPER, "abort"},
                {{"COMMS_OP_TIMEOUT", "60s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 40s);
