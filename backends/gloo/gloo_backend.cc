@@ -97,7 +97,7 @@ class GlooBackend : public plugin::Backend {
   bool fast_path_fits(const plugin::OpDesc& op) const;
   void run_fast(const plugin::OpDesc& op);
   std::shared_ptr<::gloo::rendezvous::Context> connect_mesh(const std::string& prefix);
-  void remember_endpoints();
+  void remember_endpoints(const std::set<int>& opened);
 
   plugin::BackendInit init_;
   GlooConfig config_;
@@ -109,7 +109,7 @@ class GlooBackend : public plugin::Backend {
   std::unique_ptr<GlooTransport> transport_;   // the sync mesh, for the CPU algorithms
   std::unique_ptr<cpu_algorithms::Collectives> sync_;  // the CPU algorithms on it
   std::unique_ptr<AsyncOps> async_;                // Gloo's collectives on ctx_
-  std::vector<sockaddr_storage> local_endpoints_;  // of our pairs, for abort()
+  std::vector<FoundSocket> sockets_;  // of our pairs, for abort()
   std::vector<std::pair<sockaddr_storage, int>> peer_endpoints_;  // remote end -> rank
 
   // Failure state: after the first fatal error every op fails fast.
@@ -159,11 +159,12 @@ Status GlooBackend::init() {
       if (r != init_.rank) fast_ctx_->getPair(r)->setSync(true, config_.busy_poll == "1");
     }
     size_send_buffers(*fast_ctx_, *ctx_, init_.init_timeout);
-    transport_ = std::make_unique<GlooTransport>(fast_ctx_, config_.spin);
+    const std::set<int> opened = sockets_opened_since(sockets_before);
+    transport_ = std::make_unique<GlooTransport>(fast_ctx_, config_.spin, opened);
     sync_ = std::make_unique<cpu_algorithms::Collectives>(*transport_, fast_timeout_);
     async_ = std::make_unique<AsyncOps>(ctx_, init_.rank, init_.size);
     set_cloexec_on_sockets_since(sockets_before);
-    remember_endpoints();
+    remember_endpoints(opened);
     return {};
   } catch (const comms::Error& e) {
     return {e.code(), cat({"rendezvous through the store failed: ", e.what()})};
@@ -176,10 +177,10 @@ Status GlooBackend::init() {
   }
 }
 
-void GlooBackend::remember_endpoints() {
-  // Remember both ends of every connection: the local ends let abort()
-  // find the sockets, the remote ends turn Gloo's "peer [addr]" messages
-  // into ranks.
+void GlooBackend::remember_endpoints(const std::set<int>& opened) {
+  // Both ends of every connection found: abort() shuts these sockets down,
+  // the remote ends turn Gloo's "peer [addr]" messages into ranks.
+  std::vector<sockaddr_storage> locals;
   std::vector<int> ranks_of_locals;
   for (auto* ctx : {ctx_.get(), fast_ctx_.get()}) {
     for (int r = 0; r < init_.size; ++r) {
@@ -187,17 +188,14 @@ void GlooBackend::remember_endpoints() {
       auto& pair = ctx->getPair(r);
       if (!pair) continue;
       const auto& addr = static_cast<const ::gloo::transport::tcp::Address&>(pair->address());
-      local_endpoints_.push_back(addr.getSockaddr());
+      locals.push_back(addr.getSockaddr());
       ranks_of_locals.push_back(r);
     }
   }
-  for_each_socket_bound_to(local_endpoints_, [&](int fd, size_t i) {
-    sockaddr_storage peer{};
-    socklen_t len = sizeof peer;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0) {
-      peer_endpoints_.emplace_back(peer, ranks_of_locals[i]);
-    }
-  });
+  for (const auto& [socket, i] : sockets_bound_to(opened, locals)) {
+    sockets_.push_back(socket);
+    peer_endpoints_.emplace_back(socket.remote, ranks_of_locals[i]);
+  }
 }
 
 bool GlooBackend::fast_path_fits(const plugin::OpDesc& op) const {
@@ -368,7 +366,9 @@ void GlooBackend::abort(const std::string& reason) {
   aborted_ = true;
   // Wake every thread blocked on these sockets (ours and Gloo's loop):
   // shutdown() makes their reads fail now, and the peers see EOF.
-  for_each_socket_bound_to(local_endpoints_, [](int fd, size_t) { ::shutdown(fd, SHUT_RDWR); });
+  for (const auto& socket : sockets_) {
+    if (still_the_same(socket)) ::shutdown(socket.fd, SHUT_RDWR);
+  }
 }
 
 Status GlooBackend::finalize() {

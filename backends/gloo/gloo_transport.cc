@@ -18,7 +18,8 @@ using cpu_algorithms::Clock;
 using cpu_algorithms::Region;
 using cpu_algorithms::TransportError;
 
-GlooTransport::GlooTransport(std::shared_ptr<::gloo::Context> mesh, std::chrono::microseconds spin)
+GlooTransport::GlooTransport(std::shared_ptr<::gloo::Context> mesh, std::chrono::microseconds spin,
+                             const std::set<int>& opened)
     : mesh_(std::move(mesh)),
       spin_us_(spin.count()),
       rank_(mesh_->rank),
@@ -34,7 +35,7 @@ GlooTransport::GlooTransport(std::shared_ptr<::gloo::Context> mesh, std::chrono:
     locals.push_back(static_cast<const ::gloo::transport::tcp::Address&>(pair->address()).getSockaddr());
     ranks.push_back(p);
   }
-  for_each_socket_bound_to(locals, [&](int fd, size_t i) { fds_[static_cast<size_t>(ranks[i])] = fd; });
+  for (const auto& [socket, i] : sockets_bound_to(opened, locals)) fds_[static_cast<size_t>(ranks[i])] = socket.fd;
 }
 
 GlooTransport::~GlooTransport() = default;

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include <gloo/context.h>
@@ -36,7 +37,9 @@ class GlooTransport final : public cpu_algorithms::Transport {
  public:
   // Collective: every rank constructs it at the same point of the mesh's
   // life, since it reserves slots. Pairs must be in sync mode.
-  GlooTransport(std::shared_ptr<::gloo::Context> mesh, std::chrono::microseconds spin);
+  // opened: the sockets this process opened while the mesh connected
+  // (sockets.h), among which the transport finds its pairs' descriptors.
+  GlooTransport(std::shared_ptr<::gloo::Context> mesh, std::chrono::microseconds spin, const std::set<int>& opened);
   ~GlooTransport() override;
 
   int rank() const override { return rank_; }

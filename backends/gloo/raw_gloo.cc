@@ -1,5 +1,7 @@
 #include "raw_gloo.h"
 
+#include "sockets.h"
+
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
@@ -23,6 +25,7 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
   ::gloo::transport::tcp::attr attr;
   attr.hostname = "127.0.0.1";
   impl_->device = ::gloo::transport::tcp::CreateDevice(attr);
+  const std::set<int> sockets_before = socket_fds();
   for (auto* which : {&impl_->async_ctx, &impl_->sync_ctx}) {
     auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(timeout);
@@ -35,7 +38,8 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
   }
   size_send_buffers(*impl_->sync_ctx, *impl_->async_ctx, timeout);
   impl_->native = baseline == Baseline::kGlooNative;
-  impl_->transport = std::make_unique<GlooTransport>(impl_->sync_ctx, read_spin(mode, local_size));
+  impl_->transport =
+      std::make_unique<GlooTransport>(impl_->sync_ctx, read_spin(mode, local_size), sockets_opened_since(sockets_before));
   impl_->mesh = std::make_unique<cpu_algorithms::Collectives>(*impl_->transport, timeout);
 }
 

@@ -25,25 +25,34 @@ bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
   return false;
 }
 
-void for_each_socket_bound_to(const std::vector<sockaddr_storage>& locals,
-                              const std::function<void(int fd, size_t index)>& fn) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return;
-  while (dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0') continue;
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
+namespace {
+bool ends_of(int fd, sockaddr_storage* local, sockaddr_storage* remote) {
+  socklen_t a = sizeof *local, b = sizeof *remote;
+  return getsockname(fd, reinterpret_cast<sockaddr*>(local), &a) == 0 &&
+         getpeername(fd, reinterpret_cast<sockaddr*>(remote), &b) == 0;
+}
+}  // namespace
+
+std::vector<std::pair<FoundSocket, size_t>> sockets_bound_to(const std::set<int>& opened,
+                                                             const std::vector<sockaddr_storage>& locals) {
+  std::vector<std::pair<FoundSocket, size_t>> out;
+  for (int fd : opened) {
+    FoundSocket s{fd, {}, {}};
+    if (!ends_of(fd, &s.local, &s.remote)) continue;
     for (size_t i = 0; i < locals.size(); ++i) {
-      if (same_endpoint(ss, locals[i])) {
-        fn(static_cast<int>(fd), i);
+      if (same_endpoint(s.local, locals[i])) {
+        out.emplace_back(s, i);
         break;
       }
     }
   }
-  closedir(dir);
+  return out;
+}
+
+bool still_the_same(const FoundSocket& s) {
+  sockaddr_storage local{}, remote{};
+  return s.fd >= 0 && ends_of(s.fd, &local, &remote) && same_endpoint(local, s.local) &&
+         same_endpoint(remote, s.remote);
 }
 
 std::set<int> socket_fds() {
@@ -61,9 +70,16 @@ std::set<int> socket_fds() {
   return out;
 }
 
-void set_cloexec_on_sockets_since(const std::set<int>& before) {
+std::set<int> sockets_opened_since(const std::set<int>& before) {
+  std::set<int> out;
   for (int fd : socket_fds()) {
-    if (before.contains(fd)) continue;
+    if (!before.contains(fd)) out.insert(fd);
+  }
+  return out;
+}
+
+void set_cloexec_on_sockets_since(const std::set<int>& before) {
+  for (int fd : sockets_opened_since(before)) {
     const int flags = fcntl(fd, F_GETFD);
     if (flags >= 0 && !(flags & FD_CLOEXEC)) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
   }

@@ -1,25 +1,43 @@
 // Finding the sockets behind Gloo's pairs. Gloo keeps its file descriptors
-// private; abort() shuts them down and the sync mesh spins on them, so both
-// find them by the pair's local address among this process's descriptors.
+// private (and Debian's Gloo headers cannot declare its TCP pair); abort()
+// shuts them down and the sync mesh spins on them, so both find them among
+// the sockets this process opened while the mesh connected, by the pair's
+// local address.
 #pragma once
 
 #include <sys/socket.h>
 
-#include <functional>
 #include <set>
+#include <utility>
 #include <vector>
 
 namespace comms::gloo_backend {
 
 bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b);
 
-// Calls fn(fd, index) for every socket of this process whose local address
-// is locals[index].
-void for_each_socket_bound_to(const std::vector<sockaddr_storage>& locals,
-                              const std::function<void(int fd, size_t index)>& fn);
+// A socket and both its ends, as seen when it was found.
+struct FoundSocket {
+  int fd = -1;
+  sockaddr_storage local{}, remote{};
+};
+
+// The sockets among `opened` (those a mesh's connect opened) whose local
+// address is one of `locals`, each with the index of that address. A pair's
+// address is the one it listened on: on the accepting side the connection
+// keeps it; on the connecting side nothing does, and a later listener of
+// any comm in the process may get that port, which is why only the sockets
+// opened by this connect are candidates.
+std::vector<std::pair<FoundSocket, size_t>> sockets_bound_to(const std::set<int>& opened,
+                                                             const std::vector<sockaddr_storage>& locals);
+
+// Whether s.fd is still that socket (a closed descriptor's number is reused).
+bool still_the_same(const FoundSocket& s);
 
 // The descriptors of this process that are sockets.
 std::set<int> socket_fds();
+
+// The sockets opened since `before`.
+std::set<int> sockets_opened_since(const std::set<int>& before);
 
 // Gloo opens its sockets without close-on-exec, so a program a rank runs
 // would hold the rank's connections open after the rank died and its peers
