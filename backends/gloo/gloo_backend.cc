@@ -10,13 +10,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include <gloo/rendezvous/context.h>
@@ -29,8 +26,8 @@
 #include "errors.h"
 #include "gloo_ops.h"
 #include "gloo_transport.h"
+#include "op_queue.h"
 #include "op_rules.h"
-#include "queued_op.h"
 #include "send_buffers.h"
 #include "sockets.h"
 #include "store_adapter.h"
@@ -61,9 +58,6 @@ std::shared_ptr<::gloo::transport::Device> shared_device(const GlooConfig& cfg) 
   return d;
 }
 
-using cpu_algorithms::Completion;
-using cpu_algorithms::OwnedOp;
-
 class GlooBackend : public plugin::Backend {
  public:
   GlooBackend(const plugin::BackendInit& init, GlooConfig config)
@@ -93,7 +87,6 @@ class GlooBackend : public plugin::Backend {
   Status translate(const std::exception& e, const plugin::OpDesc* op, Clock::time_point started) const;
   void mark_broken(const std::string& reason);
   Status broken_status() const;
-  void worker_loop();
   bool fast_path_fits(const plugin::OpDesc& op) const;
   void run_fast(const plugin::OpDesc& op);
   std::shared_ptr<::gloo::rendezvous::Context> connect_mesh(const std::string& prefix);
@@ -118,18 +111,10 @@ class GlooBackend : public plugin::Backend {
   std::atomic<bool> aborted_{false};
   std::string broken_reason_;
 
-  // Executor: async ops run in order on one worker; sync ops run on the
-  // caller's thread once the worker is idle (no thread hop on the fast path).
-  std::mutex q_mu_;
-  std::condition_variable q_cv_;
-  std::condition_variable idle_cv_;
-  std::deque<std::pair<OwnedOp, std::shared_ptr<Completion>>> queue_;
-  // Queued + running async ops. Only the submitting thread increments it, so
-  // a sync op that reads 0 knows nothing is outstanding and skips the lock.
-  std::atomic<int> pending_{0};
-  bool stop_ = false;
-  std::thread worker_;
   bool finalized_ = false;
+  // Runs ops in submission order (op_queue.h). Last: destroyed first,
+  // while everything execute() uses still exists.
+  cpu_algorithms::OpQueue ops_{[this](const plugin::OpDesc& op) { return execute(op); }};
 };
 
 std::shared_ptr<::gloo::rendezvous::Context> GlooBackend::connect_mesh(const std::string& prefix) {
@@ -284,39 +269,7 @@ Status GlooBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Wor
             cat({"the gloo backend takes no per-op hints (got '", op.hints->begin()->first, "')"})};
   }
   if (broken_) return broken_status();
-  if (!op.async) {
-    // Ops run in order: wait until the worker drained the async ones.
-    if (pending_.load(std::memory_order_acquire) != 0) {
-      std::unique_lock<std::mutex> lock(q_mu_);
-      idle_cv_.wait(lock, [&] { return pending_.load() == 0; });
-    }
-    return execute(op);
-  }
-  auto completion = std::make_shared<Completion>();
-  {
-    std::lock_guard<std::mutex> lock(q_mu_);
-    queue_.emplace_back(OwnedOp(op), completion);
-    ++pending_;
-    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-  }
-  q_cv_.notify_one();
-  *work = std::make_unique<cpu_algorithms::CompletionWork>(std::move(completion));
-  return {};
-}
-
-void GlooBackend::worker_loop() {
-  std::unique_lock<std::mutex> lock(q_mu_);
-  while (true) {
-    q_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ and drained
-    auto [op, completion] = std::move(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
-    Status s = execute(op.desc);
-    completion->finish(std::move(s));
-    lock.lock();
-    if (--pending_ == 0) idle_cv_.notify_all();
-  }
+  return ops_.submit(op, work);
 }
 
 Status GlooBackend::split(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) {
@@ -365,7 +318,8 @@ void GlooBackend::abort(const std::string& reason) {
   }
   aborted_ = true;
   // Wake every thread blocked on these sockets (ours and Gloo's loop):
-  // shutdown() makes their reads fail now, and the peers see EOF.
+  // shutdown() makes their reads fail now, and the peers see EOF. Queued
+  // async ops still run, in order, and fail fast in execute().
   for (const auto& socket : sockets_) {
     if (still_the_same(socket)) ::shutdown(socket.fd, SHUT_RDWR);
   }
@@ -374,13 +328,7 @@ void GlooBackend::abort(const std::string& reason) {
 Status GlooBackend::finalize() {
   if (finalized_) return {};
   finalized_ = true;
-  {
-    std::unique_lock<std::mutex> lock(q_mu_);
-    idle_cv_.wait(lock, [&] { return pending_.load() == 0; });
-    stop_ = true;
-  }
-  q_cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  ops_.stop_and_join();  // queued ops run first (after abort() they fail fast)
   sync_.reset();
   transport_.reset();  // its buffers unregister from the pairs
   if (async_) async_->reset();

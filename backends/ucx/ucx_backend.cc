@@ -1,15 +1,12 @@
 #include "ucx_backend.h"
 
-#include <condition_variable>
-#include <deque>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "op_queue.h"
 #include "op_runner.h"
-#include "queued_op.h"
 #include "reductions.h"
 #include "ucx_log.h"
 
@@ -18,9 +15,6 @@ namespace {
 
 using plugin::OpType;
 using cpu_algorithms::TransportError;
-
-using cpu_algorithms::Completion;
-using cpu_algorithms::OwnedOp;
 
 ErrorCode code_of(TransportError::Kind kind) {
   switch (kind) {
@@ -59,7 +53,6 @@ class UcxBackend : public plugin::Backend {
   void run(const plugin::OpDesc& op);
   void mark_broken(const std::string& reason);
   Status broken_status() const;
-  void worker_loop();
 
   plugin::BackendInit init_;
   UcxSettings settings_;
@@ -73,15 +66,10 @@ class UcxBackend : public plugin::Backend {
   std::atomic<bool> aborted_{false};
   std::string broken_reason_;
 
-  // Executor: async ops run in order on one thread; sync ops run on the
-  // caller's thread once it is idle.
-  std::mutex q_mu_;
-  std::condition_variable q_cv_, idle_cv_;
-  std::deque<std::pair<OwnedOp, std::shared_ptr<Completion>>> queue_;
-  std::atomic<int> pending_{0};
-  bool stop_ = false;
-  std::thread worker_;
   bool finalized_ = false;
+  // Runs ops in submission order (op_queue.h). Last: destroyed first,
+  // while everything execute() uses still exists.
+  cpu_algorithms::OpQueue ops_{[this](const plugin::OpDesc& op) { return execute(op); }};
 };
 
 Status UcxBackend::init() {
@@ -163,37 +151,7 @@ Status UcxBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work
             "the ucx backend takes no per-op hints (got '" + op.hints->begin()->first + "')"};
   }
   if (broken_) return broken_status();
-  if (!op.async) {
-    if (pending_.load(std::memory_order_acquire) != 0) {
-      std::unique_lock<std::mutex> lock(q_mu_);
-      idle_cv_.wait(lock, [&] { return pending_.load() == 0; });
-    }
-    return execute(op);
-  }
-  auto completion = std::make_shared<Completion>();
-  {
-    std::lock_guard<std::mutex> lock(q_mu_);
-    queue_.emplace_back(OwnedOp(op), completion);
-    ++pending_;
-    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-  }
-  q_cv_.notify_one();
-  *work = std::make_unique<cpu_algorithms::CompletionWork>(std::move(completion));
-  return {};
-}
-
-void UcxBackend::worker_loop() {
-  std::unique_lock<std::mutex> lock(q_mu_);
-  while (true) {
-    q_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;
-    auto [op, completion] = std::move(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
-    completion->finish(execute(op.desc));
-    lock.lock();
-    if (--pending_ == 0) idle_cv_.notify_all();
-  }
+  return ops_.submit(op, work);
 }
 
 Status UcxBackend::split(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) {
@@ -232,19 +190,15 @@ Status UcxBackend::set_hints(const Hints& hints) {
 void UcxBackend::abort(const std::string& reason) {
   mark_broken(reason);
   aborted_ = true;
+  // The transport fails the running op now; queued async ops still run, in
+  // order, and fail fast in execute().
   if (transport_) transport_->abort();
 }
 
 Status UcxBackend::finalize() {
   if (finalized_) return {};
   finalized_ = true;
-  {
-    std::unique_lock<std::mutex> lock(q_mu_);
-    idle_cv_.wait(lock, [&] { return pending_.load() == 0; });
-    stop_ = true;
-  }
-  q_cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  ops_.stop_and_join();  // queued ops run first (after abort() they fail fast)
   runner_.reset();
   bool flushed = true;
   if (transport_) flushed = transport_->flush(cpu_algorithms::Clock::now() + op_timeout_.load());
