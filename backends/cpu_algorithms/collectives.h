@@ -76,6 +76,8 @@ class Collectives {
   void barrier();
   // May change while another thread runs an op.
   void set_timeout(std::chrono::milliseconds t) { timeout_ms_ = t.count(); }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
 
  private:
   class Op;  // the deadline of one op; tells the transport when it is done

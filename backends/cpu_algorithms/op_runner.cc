@@ -22,7 +22,7 @@ void OpRunner::run(const plugin::OpDesc& op) {
   const size_t bytes = op.count * element_size(op.dtype);
   if (algorithm_for(op.type, bytes, t_.size()) != Algorithm::kNone) {
     collectives_.set_timeout(op.timeout);
-    return run_collective(op, deadline);
+    return run_collective(collectives_, op);
   }
   run_vector(op, deadline);
 }
@@ -65,8 +65,8 @@ void run_on_one_rank(const plugin::OpDesc& op) {
   }
 }
 
-void OpRunner::run_collective(const plugin::OpDesc& op, Clock::time_point) {
-  const int size = t_.size();
+void run_collective(Collectives& collectives, const plugin::OpDesc& op) {
+  const int size = collectives.size();
   const size_t es = element_size(op.dtype);
   const size_t bytes = op.count * es;
   const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
@@ -74,22 +74,22 @@ void OpRunner::run_collective(const plugin::OpDesc& op, Clock::time_point) {
                        op.type == OpType::kReduceScatter;
   if (reduces && !fn) throw std::invalid_argument("no reduction for this dtype and kind");
   switch (op.type) {
-    case OpType::kBarrier: return collectives_.barrier();
-    case OpType::kBroadcast: return collectives_.broadcast(op.input, op.output, bytes, op.root);
+    case OpType::kBarrier: return collectives.barrier();
+    case OpType::kBroadcast: return collectives.broadcast(op.input, op.output, bytes, op.root);
     case OpType::kAllReduce:
-      collectives_.all_reduce(op.input, op.output, op.count, es, fn);
+      collectives.all_reduce(op.input, op.output, op.count, es, fn);
       return finish_reduction(op, op.output, op.count, size);
     case OpType::kReduce:
-      collectives_.reduce(op.input, op.output, op.count, es, fn, op.root);
-      if (t_.rank() == op.root) finish_reduction(op, op.output, op.count, size);
+      collectives.reduce(op.input, op.output, op.count, es, fn, op.root);
+      if (collectives.rank() == op.root) finish_reduction(op, op.output, op.count, size);
       return;
     case OpType::kReduceScatter:
-      collectives_.reduce_scatter(op.input, op.output, op.count, es, fn);
+      collectives.reduce_scatter(op.input, op.output, op.count, es, fn);
       return finish_reduction(op, op.output, op.count, size);
-    case OpType::kAllGather: return collectives_.all_gather(op.input, op.output, bytes);
-    case OpType::kAllToAll: return collectives_.all_to_all(op.input, op.output, bytes);
-    case OpType::kGather: return collectives_.gather(op.input, op.output, bytes, op.root);
-    case OpType::kScatter: return collectives_.scatter(op.input, op.output, bytes, op.root);
+    case OpType::kAllGather: return collectives.all_gather(op.input, op.output, bytes);
+    case OpType::kAllToAll: return collectives.all_to_all(op.input, op.output, bytes);
+    case OpType::kGather: return collectives.gather(op.input, op.output, bytes, op.root);
+    case OpType::kScatter: return collectives.scatter(op.input, op.output, bytes, op.root);
     default: throw std::logic_error("no Collectives algorithm for this op");
   }
 }

@@ -22,6 +22,12 @@ void finish_reduction(const plugin::OpDesc& op, void* data, size_t n, int size);
 // std::invalid_argument for a send or receive (no peer exists).
 void run_on_one_rank(const plugin::OpDesc& op);
 
+// An op that algorithms.h gives to Collectives (algorithm_for != kNone),
+// with the avg/premul finish; the caller set the op's timeout on
+// `collectives`. Shared by OpRunner and the Gloo backend's sync mesh.
+// Throws TransportError, or std::invalid_argument for a missing reduction.
+void run_collective(Collectives& collectives, const plugin::OpDesc& op);
+
 class OpRunner {
  public:
   // The transport must outlive this object.
@@ -33,7 +39,6 @@ class OpRunner {
   void run(const plugin::OpDesc& op);
 
  private:
-  void run_collective(const plugin::OpDesc& op, Clock::time_point deadline);
   void run_vector(const plugin::OpDesc& op, Clock::time_point deadline);
 
   Transport& t_;

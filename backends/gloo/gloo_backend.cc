@@ -28,6 +28,7 @@
 #include "gloo_transport.h"
 #include "op_queue.h"
 #include "op_rules.h"
+#include "op_runner.h"
 #include "send_buffers.h"
 #include "sockets.h"
 #include "store_adapter.h"
@@ -38,8 +39,6 @@ namespace {
 using plugin::OpType;
 using Clock = std::chrono::steady_clock;
 using cpu_algorithms::reduce_fn;
-using cpu_algorithms::ReduceFn;
-using cpu_algorithms::finish_reduction;
 
 // One transport device (and its event-loop thread) per bind address, shared
 // by every comm of the process.
@@ -88,7 +87,7 @@ class GlooBackend : public plugin::Backend {
   void mark_broken(const std::string& reason);
   Status broken_status() const;
   bool fast_path_fits(const plugin::OpDesc& op) const;
-  void run_fast(const plugin::OpDesc& op);
+  void run_op(const plugin::OpDesc& op);
   std::shared_ptr<::gloo::rendezvous::Context> connect_mesh(const std::string& prefix);
   void remember_endpoints(const std::set<int>& opened);
 
@@ -128,10 +127,7 @@ std::shared_ptr<::gloo::rendezvous::Context> GlooBackend::connect_mesh(const std
 }
 
 Status GlooBackend::init() {
-  if (init_.size == 1) {  // nothing to connect to
-    async_ = std::make_unique<AsyncOps>(nullptr, 0, 1);
-    return {};
-  }
+  if (init_.size == 1) return {};  // nothing to connect to: run_op() copies
   const std::set<int> sockets_before = socket_fds();
   try {
     device_ = shared_device(config_);
@@ -188,36 +184,14 @@ bool GlooBackend::fast_path_fits(const plugin::OpDesc& op) const {
          sync_algorithm_for(op.type, op.count * element_size(op.dtype), init_.size) != Algorithm::kNone;
 }
 
-void GlooBackend::run_fast(const plugin::OpDesc& op) {
-  const size_t es = element_size(op.dtype);
-  const size_t bytes = op.count * es;
-  const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
-  switch (op.type) {
-    case OpType::kBarrier:
-      return sync_->barrier();
-    case OpType::kBroadcast:
-      return sync_->broadcast(op.input, op.output, bytes, op.root);
-    case OpType::kAllReduce:
-      sync_->all_reduce(op.input, op.output, op.count, es, fn);
-      return finish_reduction(op, op.output, op.count, init_.size);
-    case OpType::kReduce:
-      sync_->reduce(op.input, op.output, op.count, es, fn, op.root);
-      if (init_.rank == op.root) finish_reduction(op, op.output, op.count, init_.size);
-      return;
-    case OpType::kReduceScatter:
-      sync_->reduce_scatter(op.input, op.output, op.count, es, fn);
-      return finish_reduction(op, op.output, op.count, init_.size);
-    case OpType::kAllGather:
-      return sync_->all_gather(op.input, op.output, bytes);
-    case OpType::kAllToAll:
-      return sync_->all_to_all(op.input, op.output, bytes);
-    case OpType::kGather:
-      return sync_->gather(op.input, op.output, bytes, op.root);
-    case OpType::kScatter:
-      return sync_->scatter(op.input, op.output, bytes, op.root);
-    default:
-      throw std::logic_error("no sync-mesh algorithm for this op");
-  }
+// The one place that picks how an op runs: a one-rank comm copies; an op
+// the CPU algorithms take (op_rules.h) runs them on the sync mesh when its
+// timeout is the one the sync pairs were connected with; every other op
+// runs Gloo's collectives on the async mesh (gloo_ops.cc).
+void GlooBackend::run_op(const plugin::OpDesc& op) {
+  if (init_.size == 1) return cpu_algorithms::run_on_one_rank(op);
+  if (fast_path_fits(op)) return cpu_algorithms::run_collective(*sync_, op);
+  async_->run(op);
 }
 
 Status GlooBackend::translate(const std::exception& e, const plugin::OpDesc* op, Clock::time_point started) const {
@@ -253,8 +227,7 @@ Status GlooBackend::execute(const plugin::OpDesc& op) {
   if (broken_) return broken_status();
   const auto started = Clock::now();
   try {
-    if (fast_path_fits(op)) run_fast(op);
-    else async_->run(op);
+    run_op(op);
     return {};
   } catch (const std::exception& e) {
     Status s = translate(e, &op, started);

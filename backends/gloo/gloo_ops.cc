@@ -1,5 +1,5 @@
 // Gloo's options-style collectives on the async mesh: every op the CPU
-// algorithms do not run (op_rules.h), and a single rank's copies.
+// algorithms do not run (op_rules.h).
 #include "gloo_ops.h"
 
 #include <algorithm>
@@ -22,7 +22,7 @@
 
 namespace comms::gloo_backend {
 
-using namespace cpu_algorithms;  // reduce_fn, finish_reduction, run_on_one_rank, with_element_type
+using namespace cpu_algorithms;  // reduce_fn, finish_reduction, with_element_type
 using plugin::OpType;
 using Clock = std::chrono::steady_clock;
 
@@ -224,7 +224,6 @@ void AsyncOps::send_or_recv(const plugin::OpDesc& op) {
 // Ops with nothing to move (count 0) return at once: Gloo's collectives
 // refuse empty buffers.
 void AsyncOps::run(const plugin::OpDesc& op) {
-  if (size_ == 1) return run_on_one_rank(op);
   switch (op.type) {
     case OpType::kAllReduce: return op.count ? all_reduce(op) : void();
     case OpType::kReduce: return op.count ? reduce(op) : void();

@@ -1,6 +1,7 @@
 // The ops the Gloo backend runs with Gloo's own collectives, on the mesh of
-// asynchronous pairs (op_rules.h says which), and every op of a one-rank
-// comm. Runs on one thread at a time (the backend's executor).
+// asynchronous pairs (op_rules.h says which). A one-rank comm has no mesh:
+// the backend copies (cpu_algorithms::run_on_one_rank). Runs on one thread
+// at a time (the backend's op queue).
 #pragma once
 
 #include <memory>
@@ -10,13 +11,13 @@
 #include <gloo/context.h>
 
 #include "comms/plugin.h"
-#include "op_runner.h"  // finish_reduction, run_on_one_rank
+#include "op_runner.h"  // finish_reduction
 
 namespace comms::gloo_backend {
 
 class AsyncOps {
  public:
-  // ctx: null for a one-rank comm.
+  // A comm of two ranks or more.
   AsyncOps(std::shared_ptr<::gloo::Context> ctx, int rank, int size)
       : ctx_(std::move(ctx)), rank_(rank), size_(size) {}
   // Throws Gloo's exceptions.
