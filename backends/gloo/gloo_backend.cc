@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "broken_state.h"
 #include "collectives.h"
 #include "errors.h"
 #include "gloo_ops.h"
@@ -84,8 +85,6 @@ class GlooBackend : public plugin::Backend {
  private:
   Status execute(const plugin::OpDesc& op);
   Status translate(const std::exception& e, const plugin::OpDesc* op, Clock::time_point started) const;
-  void mark_broken(const std::string& reason);
-  Status broken_status() const;
   bool fast_path_fits(const plugin::OpDesc& op) const;
   void run_op(const plugin::OpDesc& op);
   std::shared_ptr<::gloo::rendezvous::Context> connect_mesh(const std::string& prefix);
@@ -104,11 +103,8 @@ class GlooBackend : public plugin::Backend {
   std::vector<FoundSocket> sockets_;  // of our pairs, for abort()
   std::vector<std::pair<sockaddr_storage, int>> peer_endpoints_;  // remote end -> rank
 
-  // Failure state: after the first fatal error every op fails fast.
-  mutable std::mutex broken_mu_;
-  std::atomic<bool> broken_{false};
-  std::atomic<bool> aborted_{false};
-  std::string broken_reason_;
+  // After the first fatal error (or abort()) every op fails fast.
+  cpu_algorithms::BrokenState failure_;
 
   bool finalized_ = false;
   // Runs ops in submission order (op_queue.h). Last: destroyed first,
@@ -196,11 +192,8 @@ void GlooBackend::run_op(const plugin::OpDesc& op) {
 
 Status GlooBackend::translate(const std::exception& e, const plugin::OpDesc* op, Clock::time_point started) const {
   ErrorContext ctx;
-  ctx.aborted = aborted_;
-  if (ctx.aborted) {
-    std::lock_guard<std::mutex> lock(broken_mu_);
-    ctx.abort_reason = broken_reason_;
-  }
+  ctx.aborted = failure_.aborted();
+  if (ctx.aborted) ctx.abort_reason = failure_.reason();
   if (op) {
     ctx.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
     ctx.timeout = op->timeout;
@@ -210,28 +203,15 @@ Status GlooBackend::translate(const std::exception& e, const plugin::OpDesc* op,
   return classify_error(e, ctx);
 }
 
-void GlooBackend::mark_broken(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(broken_mu_);
-  if (!broken_) {
-    broken_reason_ = reason;
-    broken_ = true;
-  }
-}
-
-Status GlooBackend::broken_status() const {
-  std::lock_guard<std::mutex> lock(broken_mu_);
-  return {ErrorCode::kAborted, cat({"an earlier failure left this communicator unusable: ", broken_reason_})};
-}
-
 Status GlooBackend::execute(const plugin::OpDesc& op) {
-  if (broken_) return broken_status();
+  if (failure_.broken()) return failure_.status();
   const auto started = Clock::now();
   try {
     run_op(op);
     return {};
   } catch (const std::exception& e) {
     Status s = translate(e, &op, started);
-    mark_broken(s.message);
+    failure_.mark_broken(s.message);
     return s;
   }
 }
@@ -241,7 +221,7 @@ Status GlooBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Wor
     return {ErrorCode::kInvalidArgument,
             cat({"the gloo backend takes no per-op hints (got '", op.hints->begin()->first, "')"})};
   }
-  if (broken_) return broken_status();
+  if (failure_.broken()) return failure_.status();
   return ops_.submit(op, work);
 }
 
@@ -284,12 +264,7 @@ Status GlooBackend::set_hints(const Hints& hints) {
 }
 
 void GlooBackend::abort(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(broken_mu_);
-    if (!broken_) broken_reason_ = reason;
-    broken_ = true;
-  }
-  aborted_ = true;
+  failure_.abort(reason);
   // Wake every thread blocked on these sockets (ours and Gloo's loop):
   // shutdown() makes their reads fail now, and the peers see EOF. Queued
   // async ops still run, in order, and fail fast in execute().

@@ -1,10 +1,10 @@
 #include "ucx_backend.h"
 
-#include <mutex>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "broken_state.h"
 #include "op_queue.h"
 #include "op_runner.h"
 #include "reductions.h"
@@ -51,8 +51,6 @@ class UcxBackend : public plugin::Backend {
  private:
   Status execute(const plugin::OpDesc& op);
   void run(const plugin::OpDesc& op);
-  void mark_broken(const std::string& reason);
-  Status broken_status() const;
 
   plugin::BackendInit init_;
   UcxSettings settings_;
@@ -61,10 +59,8 @@ class UcxBackend : public plugin::Backend {
   std::unique_ptr<cpu_algorithms::OpRunner> runner_;
   std::string devices_, transports_;  // what the transport opened and selected, read at init
 
-  mutable std::mutex broken_mu_;
-  std::atomic<bool> broken_{false};
-  std::atomic<bool> aborted_{false};
-  std::string broken_reason_;
+  // After the first fatal error (or abort()) every op fails fast.
+  cpu_algorithms::BrokenState failure_;
 
   bool finalized_ = false;
   // Runs ops in submission order (op_queue.h). Last: destroyed first,
@@ -111,37 +107,23 @@ void UcxBackend::run(const plugin::OpDesc& op) {
   }
 }
 
-void UcxBackend::mark_broken(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(broken_mu_);
-  if (!broken_) {
-    broken_reason_ = reason;
-    broken_ = true;
-  }
-}
-
-Status UcxBackend::broken_status() const {
-  std::lock_guard<std::mutex> lock(broken_mu_);
-  return {ErrorCode::kAborted, "an earlier failure left this communicator unusable: " + broken_reason_};
-}
-
 Status UcxBackend::execute(const plugin::OpDesc& op) {
-  if (broken_) return broken_status();
+  if (failure_.broken()) return failure_.status();
   Status s;
   try {
     run(op);
     return {};
   } catch (const TransportError& e) {
     s = {code_of(e.kind()), e.what(), e.peer()};
-    if (aborted_ || e.kind() == TransportError::Kind::kAborted) {
-      std::lock_guard<std::mutex> lock(broken_mu_);
-      s = {ErrorCode::kAborted, "aborted: " + broken_reason_ + " (" + e.what() + ")", e.peer()};
+    if (failure_.aborted() || e.kind() == TransportError::Kind::kAborted) {
+      s = {ErrorCode::kAborted, "aborted: " + failure_.reason() + " (" + e.what() + ")", e.peer()};
     }
   } catch (const std::invalid_argument& e) {
     return {ErrorCode::kInvalidArgument, e.what()};  // nothing was sent: the comm stays usable
   } catch (const std::exception& e) {
     s = {ErrorCode::kInternal, e.what()};
   }
-  mark_broken(s.message);
+  failure_.mark_broken(s.message);
   return s;
 }
 
@@ -150,7 +132,7 @@ Status UcxBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work
     return {ErrorCode::kInvalidArgument,
             "the ucx backend takes no per-op hints (got '" + op.hints->begin()->first + "')"};
   }
-  if (broken_) return broken_status();
+  if (failure_.broken()) return failure_.status();
   return ops_.submit(op, work);
 }
 
@@ -188,8 +170,7 @@ Status UcxBackend::set_hints(const Hints& hints) {
 }
 
 void UcxBackend::abort(const std::string& reason) {
-  mark_broken(reason);
-  aborted_ = true;
+  failure_.abort(reason);
   // The transport fails the running op now; queued async ops still run, in
   // order, and fail fast in execute().
   if (transport_) transport_->abort();
@@ -203,7 +184,7 @@ Status UcxBackend::finalize() {
   bool flushed = true;
   if (transport_) flushed = transport_->flush(cpu_algorithms::Clock::now() + op_timeout_.load());
   transport_.reset();
-  if (!flushed && !broken_) {
+  if (!flushed && !failure_.broken()) {
     return {ErrorCode::kTimeout, "messages to peers were still in flight when the op timeout ran out at finalize"};
   }
   return {};
