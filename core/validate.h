@@ -3,6 +3,7 @@
 #pragma once
 
 #include <span>
+#include <string_view>
 
 #include "comms/error.h"
 #include "comms/plugin.h"
@@ -33,5 +34,10 @@ struct Checked {
 // Returns kInvalidArgument (or kUnsupported for an undefined reduction) with
 // a message that names the argument, its value and what was expected.
 Status validate(const OpArgs& args, int rank, int size, Checked* out);
+
+// The op's buffers of `device`'s type must be on `device`, the one the comm's
+// backend for that type (named `backend`) is bound to: a backend moves the
+// memory of its own device only. An index of -1 on either side matches any.
+Status check_device(const OpArgs& args, const Device& device, std::string_view backend);
 
 }  // namespace comms::internal

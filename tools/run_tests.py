@@ -13,6 +13,8 @@ usage: run_tests.py BUILD_DIR [--filter SUBSTRING]... [--exclude SUBSTRING]...
 A test runs when its name contains any --filter (is one, with --exact; all
 when none is given) and no --exclude. --label prefixes the summary line ("asan: N passed, ...") and
 the per-test lines, so tools/dev can run several builds and sum them.
+A failed test's whole output is kept in BUILD_DIR/test-logs/ (the path is
+printed, with the last 40 lines); a passing test's old log there is removed.
 """
 import argparse
 import json
@@ -27,6 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 SUMMARY = re.compile(r"(\d+) passed, (\d+) failed(?:, (\d+) skipped)?")
+TAIL_LINES = 40
 
 
 def load_tests(build):
@@ -111,6 +114,25 @@ def run_one(test, root):
             "elapsed": elapsed, "problem": problem, "output": text, "messages": messages}
 
 
+def log_path(build, label, name):
+    """Where a failed test's output is kept: one file per test (and label, so
+    the stages of tools/dev keep theirs apart), under the build dir."""
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", (label + "-" if label else "") + name)
+    return os.path.join(os.path.abspath(build), "test-logs", safe + ".log")
+
+
+def keep_log(path, result):
+    """Writes the failed test's output (and its ranks' failure messages) to
+    path; the printed tail is too short for a failure that shows early."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        for m in result["messages"]:
+            f.write(m + "\n")
+        if result["messages"]:
+            f.write("--- output ---\n")
+        f.write(result["output"])
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("build")
@@ -144,14 +166,22 @@ def main():
             print("%s%s %-40s %4d passed %3d failed %3d skipped  %6.1fs%s" % (
                 prefix, status, result["name"], result["passed"], result["failed"], result["skipped"],
                 result["elapsed"], "  (%s)" % result["problem"] if result["problem"] else ""), flush=True)
-            if result["failed"]:
-                for m in result["messages"][:20]:
-                    print("    " + m.replace("\n", "\n    "))
-                tail = result["output"].splitlines()[-60:]
-                print("    --- last lines of output ---")
-                for line in tail:
-                    print("    " + line)
-                sys.stdout.flush()
+            path = log_path(args.build, args.label, result["name"])
+            if not result["failed"]:
+                if os.path.exists(path):
+                    os.remove(path)  # a stale failure's log would mislead
+                return
+            for m in result["messages"][:20]:
+                print("    " + m.replace("\n", "\n    "))
+            try:
+                keep_log(path, result)
+                print("    log: " + path)
+            except OSError as e:
+                print("    log not kept: %s" % e)
+            print("    --- last %d lines of output ---" % TAIL_LINES)
+            for line in result["output"].splitlines()[-TAIL_LINES:]:
+                print("    " + line)
+            sys.stdout.flush()
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for r in pool.map(lambda t: run_one(t, root), parallel):

@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <cctype>
+
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 
@@ -31,21 +33,30 @@ ErrorCode code_of(cpu_algorithms::TransportError::Kind kind) {
 }  // namespace
 
 int peer_named_in(const std::string& message, const std::vector<std::pair<sockaddr_storage, int>>& peers) {
-  for (const auto& [ep, rank] : peers) {
-    char host[64] = {};
-    unsigned port = 0;
-    if (ep.ss_family == AF_INET) {
-      const auto& a = reinterpret_cast<const sockaddr_in&>(ep);
-      inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
-      port = ntohs(a.sin_port);
-    } else if (ep.ss_family == AF_INET6) {
-      const auto& a = reinterpret_cast<const sockaddr_in6&>(ep);
-      inet_ntop(AF_INET6, &a.sin6_addr, host, sizeof host);
-      port = ntohs(a.sin6_port);
-    } else {
-      continue;
+  // Gloo's tcp::Address::str() prints sin_port as stored, without ntohs:
+  // port 60424 (0xec08) reads ":2284" on a little-endian host. That reading
+  // first, for every peer, then the converted one (a Gloo that converts).
+  for (const bool as_stored : {true, false}) {
+    for (const auto& [ep, rank] : peers) {
+      char host[INET6_ADDRSTRLEN] = {};
+      uint16_t port = 0;
+      if (ep.ss_family == AF_INET) {
+        const auto& a = reinterpret_cast<const sockaddr_in&>(ep);
+        inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
+        port = a.sin_port;
+      } else if (ep.ss_family == AF_INET6) {
+        const auto& a = reinterpret_cast<const sockaddr_in6&>(ep);
+        inet_ntop(AF_INET6, &a.sin6_addr, host, sizeof host);
+        port = a.sin6_port;
+      } else {
+        continue;
+      }
+      const std::string named = "[" + std::string(host) + "]:" + std::to_string(as_stored ? port : ntohs(port));
+      for (size_t at = message.find(named); at != std::string::npos; at = message.find(named, at + 1)) {
+        const size_t end = at + named.size();  // ":4242" must not match ":42421"
+        if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) return rank;
+      }
     }
-    if (message.find("[" + std::string(host) + "]:" + std::to_string(port)) != std::string::npos) return rank;
   }
   return -1;
 }

@@ -39,6 +39,8 @@ struct ErrorContext {
 Status classify_error(const std::exception& e, const ErrorContext& ctx);
 
 // The rank whose endpoint "[<address>]:<port>" the message names, or -1.
+// The port as Gloo prints it (in network byte order, unconverted) or
+// converted.
 int peer_named_in(const std::string& message, const std::vector<std::pair<sockaddr_storage, int>>& peers);
 
 }  // namespace comms::gloo_backend

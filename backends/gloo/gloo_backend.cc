@@ -101,7 +101,7 @@ class GlooBackend : public plugin::Backend {
   std::unique_ptr<cpu_algorithms::Collectives> sync_;  // the CPU algorithms on it
   std::unique_ptr<AsyncOps> async_;                // Gloo's collectives on ctx_
   std::vector<FoundSocket> sockets_;  // of our pairs, for abort()
-  std::vector<std::pair<sockaddr_storage, int>> peer_endpoints_;  // remote end -> rank
+  std::vector<std::pair<sockaddr_storage, int>> peer_endpoints_;  // remote end or listen address -> rank
 
   // After the first fatal error (or abort()) every op fails fast.
   cpu_algorithms::BrokenState failure_;
@@ -119,6 +119,11 @@ std::shared_ptr<::gloo::rendezvous::Context> GlooBackend::connect_mesh(const std
   ctx->setTimeout(op_timeout_.load());
   StoreAdapter store(*init_.store, prefix, init_.init_timeout);
   ctx->connectFullMesh(store, device_);
+  // Gloo's text names a peer by its connection's remote end (remember_endpoints)
+  // or, on the side that accepted, by the address the peer listened on.
+  for (int r = 0; r < init_.size; ++r) {
+    if (r != init_.rank) peer_endpoints_.emplace_back(store.pair_listen_address(r, init_.rank, init_.size), r);
+  }
   return ctx;
 }
 

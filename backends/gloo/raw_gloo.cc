@@ -7,6 +7,7 @@
 
 #include "raw_gloo_impl.h"
 #include "op_rules.h"
+#include "op_runner.h"
 #include "reductions.h"
 #include "send_buffers.h"
 #include "store_adapter.h"
@@ -22,6 +23,10 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
   impl_->rank = rank;
   impl_->size = size;
   impl_->timeout = timeout;
+  impl_->native = baseline == Baseline::kGlooNative;
+  // One rank has nothing to connect, and Gloo's algorithm classes need a
+  // pair: run() does what the backend does there (a copy) without meshes.
+  if (size == 1) return;
   ::gloo::transport::tcp::attr attr;
   attr.hostname = "127.0.0.1";
   impl_->device = ::gloo::transport::tcp::CreateDevice(attr);
@@ -37,7 +42,6 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
     if (r != rank) impl_->sync_ctx->getPair(r)->setSync(true, mode == "1");
   }
   size_send_buffers(*impl_->sync_ctx, *impl_->async_ctx, timeout);
-  impl_->native = baseline == Baseline::kGlooNative;
   impl_->transport =
       std::make_unique<GlooTransport>(impl_->sync_ctx, read_spin(mode, local_size), sockets_opened_since(sockets_before));
   impl_->mesh = std::make_unique<cpu_algorithms::Collectives>(*impl_->transport, timeout);
@@ -47,11 +51,12 @@ RawGloo::~RawGloo() {
   impl_->bound.clear();
   impl_->mesh.reset();
   impl_->transport.reset();
-  impl_->async_ctx->closeConnections();
-  impl_->sync_ctx->closeConnections();
+  if (impl_->async_ctx) impl_->async_ctx->closeConnections();
+  if (impl_->sync_ctx) impl_->sync_ctx->closeConnections();
 }
 
 std::string RawGloo::algorithm(OpType type, size_t bytes) const {
+  if (impl_->size == 1) return "one-rank copy";
   if (!impl_->native) return std::string(gloo_backend::algorithm_name(type, sync_algorithm_for(type, bytes, impl_->size)));
   switch (native_algorithm(type, bytes, impl_->size)) {
     case Native::kAllgatherRing: return "sync AllgatherRing + local reduce";
@@ -71,6 +76,19 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
   auto* in = static_cast<uint8_t*>(const_cast<void*>(input));
   // Broadcast works in place on its one buffer, as Comm::broadcast does.
   auto* out = type == OpType::kBroadcast ? in : static_cast<uint8_t*>(output);
+  if (im.size == 1) {  // as the backend's one-rank comm (gloo_ops.cc)
+    plugin::OpDesc d;
+    d.type = type;
+    d.input = in;
+    d.output = out;
+    d.count = count;
+    d.dtype = dtype;
+    d.reduce.kind = kind;
+    d.root = root;
+    d.peer = peer;
+    d.in_place = in == out;
+    return cpu_algorithms::run_on_one_rank(d);
+  }
   if (!im.native) {
     switch (sync_algorithm_for(type, bytes, im.size)) {
       case Algorithm::kPipelinedRing:

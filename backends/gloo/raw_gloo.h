@@ -26,7 +26,8 @@ class RawGloo {
 
   // Connects an async mesh and a sync mesh over `store`. Collective over the
   // job. busy_poll: "auto", "1" or "0", as the backend resolved it (its
-  // describe()), so reads wait as the backend's do.
+  // describe()), so reads wait as the backend's do. One rank connects
+  // nothing: each op is the copy the backend makes for a one-rank comm.
   RawGloo(Store& store, int rank, int size, int local_size, std::chrono::milliseconds timeout,
           std::string_view busy_poll, Baseline baseline = Baseline::kSameAlgorithm);
   ~RawGloo();

@@ -2,7 +2,7 @@
 // private (and Debian's Gloo headers cannot declare its TCP pair); abort()
 // shuts them down and the sync mesh spins on them, so both find them among
 // the sockets this process opened while the mesh connected, by the pair's
-// local address.
+// address (its connection's local end).
 #pragma once
 
 #include <sys/socket.h>
@@ -22,11 +22,13 @@ struct FoundSocket {
 };
 
 // The sockets among `opened` (those a mesh's connect opened) whose local
-// address is one of `locals`, each with the index of that address. A pair's
-// address is the one it listened on: on the accepting side the connection
-// keeps it; on the connecting side nothing does, and a later listener of
-// any comm in the process may get that port, which is why only the sockets
-// opened by this connect are candidates.
+// address is one of `locals`, each with the index of that address. Once
+// connected, a Gloo pair's address is its connection's local end on either
+// side (tcp::Pair::handleConnected takes it from getsockname), so this finds
+// the accepting and the connecting side alike. Only the sockets this
+// connect opened are candidates: an accepted connection keeps the address
+// of the pair's closed listener, which a later listener of any comm in the
+// process may get.
 std::vector<std::pair<FoundSocket, size_t>> sockets_bound_to(const std::set<int>& opened,
                                                              const std::vector<sockaddr_storage>& locals);
 

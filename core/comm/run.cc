@@ -102,6 +102,11 @@ DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::C
     default:
       break;
   }
+  // Before any plugin call (lazy init, supports_reduction, submit): a buffer
+  // on another device would reach the plugin as if it were on the comm's.
+  if (Status st = internal::check_device(args, s.device, s.plugin->name); !st.is_ok()) {
+    throw make_error(args.type, next, st);
+  }
   if (!reduces(args.type)) return t;
   bool supported = false;
   const Status st = internal::call_plugin(s.plugin->name, "supports_reduction", [&] {

@@ -3,7 +3,11 @@
 // with a message naming the op, dtype and first wrong index.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <regex>
+#include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "subprocess.h"
 
@@ -65,6 +69,36 @@ TEST(Conformance, SeveralFiltersExcludesAndRequire) {
   EXPECT_NE(missing.output.find("FAIL --require 'world/gather/*': no case of this run matches it"), std::string::npos)
       << missing.output;
   EXPECT_NE(missing.output.find("1 passed, 1 failed, 0 skipped"), std::string::npos) << missing.output;
+}
+
+// --json -: stdout is the JSON document alone (what `| jq` reads); the
+// human report goes to stderr. One rank, run directly (commsrun prefixes
+// each line of a rank's stdout with its rank).
+TEST(Conformance, JsonToStdoutLeavesStdoutExactlyTheJsonDocument) {
+  const std::string cmd = std::string(CONFORMANCE) + " --plugin " + SELF_PLUGIN +
+                          " --filter 'world/barrier/*,world/all_reduce/float32/sum/*' --json -";
+  auto out = run({"/bin/sh", "-c", cmd + " 2>/dev/null"}, {}, 120s);
+  EXPECT_EQ(out.exit_code(), 0) << out.output;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(out.output);
+  } catch (const nlohmann::json::exception& e) {
+    FAIL() << "stdout is not one JSON document (" << e.what() << "):\n" << out.output;
+  }
+  EXPECT_EQ(j["world_size"], 1);
+  EXPECT_EQ(j["passed"], 3);
+  EXPECT_EQ(j["failed"], 0);
+  ASSERT_EQ(j["cases"].size(), 3u);
+  std::map<std::string, std::string> status;
+  for (const auto& c : j["cases"]) status[c["name"]] = c["status"];
+  EXPECT_EQ(status["world/barrier/none"], "passed") << j.dump(2);
+  EXPECT_EQ(status["world/all_reduce/float32/sum/in-place"], "passed") << j.dump(2);
+
+  // The table and summary are still shown, on stderr.
+  auto err = run({"/bin/sh", "-c", cmd + " 2>&1 >/dev/null"}, {}, 120s);
+  EXPECT_EQ(err.exit_code(), 0) << err.output;
+  EXPECT_NE(err.output.find("PASS world/barrier/none"), std::string::npos) << err.output;
+  EXPECT_NE(err.output.find("3 passed, 0 failed, 0 skipped"), std::string::npos) << err.output;
 }
 
 }  // namespace

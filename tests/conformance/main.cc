@@ -2,9 +2,11 @@
 // Run under a launcher (commsrun, mpirun, srun); every rank runs the same
 // cases in the same order, and rank 0 prints the combined result.
 #include <fnmatch.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +26,10 @@ namespace comms::conformance {
 namespace {
 
 using namespace std::chrono_literals;
+
+// --json -: the process's real stdout, which carries the JSON document alone
+// (a pipe into jq must read nothing else); stdout itself then goes to stderr.
+FILE* g_json_stdout = nullptr;
 
 // One group shape: its groups as lists of world ranks. Two-level shapes are
 // split from a reversed parent, with `groups` given in parent ranks.
@@ -354,8 +360,12 @@ class Suite {
       for (auto& r : results_) {
         j["cases"].push_back({{"name", r.name}, {"group", r.group}, {"status", r.status}, {"reason", r.reason}});
       }
-      if (options_.json_path == "-") std::printf("%s\n", j.dump(2).c_str());
-      else std::ofstream(options_.json_path) << j.dump(2) << "\n";
+      if (options_.json_path == "-") {
+        std::fprintf(g_json_stdout, "%s\n", j.dump(2).c_str());
+        std::fflush(g_json_stdout);
+      } else {
+        std::ofstream(options_.json_path) << j.dump(2) << "\n";
+      }
     }
     std::printf("%d passed, %d failed, %d skipped\n", passed_, failed_, skipped_);
     std::fflush(stdout);
@@ -598,7 +608,9 @@ int main(int argc, char** argv) {
                  "cases (globs) the backend must pass: a skip of one, or a glob matching no case, fails the run")
       ->delimiter(',');
   app.add_flag("--quick", options.quick, "fewer counts and roots");
-  app.add_option("--json", options.json_path, "also write the results as JSON to FILE ('-': stdout) (rank 0)");
+  app.add_option("--json", options.json_path,
+                 "also write the results as JSON to FILE (rank 0); '-': stdout, which then carries the JSON alone "
+                 "(the report goes to stderr)");
   app.add_option("--op-timeout", op_timeout_s, "timeout of every op, in seconds");
   app.add_option("--case-timeout", case_timeout_s, "time limit of one case, in seconds");
   // Hidden: the suite's own test of its cuda paths (with the selfcuda plugin).
@@ -606,6 +618,17 @@ int main(int argc, char** argv) {
                "with --device cuda: host memory labelled cuda, for a plugin that moves it as host memory")
       ->group("");
   CLI11_PARSE(app, argc, argv);
+  if (options.json_path == "-") {
+    // Every rank: commsrun passes each rank's stdout on, and any line there
+    // (the report, a warning, a plugin's) would break the JSON.
+    const int json_fd = dup(STDOUT_FILENO);
+    comms::conformance::g_json_stdout = json_fd >= 0 ? fdopen(json_fd, "w") : nullptr;
+    if (!comms::conformance::g_json_stdout || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+      std::fprintf(stderr, "comms-conformance: --json -: cannot move the report off stdout: %s\n",
+                   std::strerror(errno));
+      return 2;
+    }
+  }
 
   try {
     options.device = comms::Device::parse(device);

@@ -158,6 +158,31 @@ TEST(BenchFlags, NcclTestsFlagsKeepNcclTestsMeanings) {
   EXPECT_NE(b.output.find("# no wrong results"), std::string::npos) << b.output;
 }
 
+// A one-rank job has nothing to connect: the Gloo baselines run what the
+// backend runs there (a copy) and every row reports checked numbers.
+TEST(BenchFlags, GlooBaselinesRunOnOneRank) {
+  TempDir dir;
+  const std::string json = (dir.path / "out.json").string();
+  for (const std::string flag : {"--overhead", "--raw-gloo", "--gloo-native"}) {
+    const auto p = bench(1, {flag, "-C", "all_reduce", "-b", "4K", "-e", "8K", "--json", json});
+    ASSERT_EQ(p.exit_code(), 0) << flag << "\n" << p.output;
+    EXPECT_NE(p.output.find("# no wrong results"), std::string::npos) << flag << "\n" << p.output;
+    const auto rows = nlohmann::json::parse(std::ifstream(json));
+    ASSERT_EQ(rows.size(), 2u) << flag << ": 4K and 8K (a baseline runs out of place): " << rows.dump();
+    for (const auto& r : rows) {
+      EXPECT_EQ(r["ranks"], 1) << flag;
+      EXPECT_EQ(r["wrong"], 0) << flag << ": " << r.dump();
+      EXPECT_GT(r["p50_us"].get<double>(), 0) << flag << ": " << r.dump();
+      if (flag == "--overhead") {
+        EXPECT_EQ(r["baseline"], "comms") << r.dump();
+        EXPECT_GT(r["raw_p50_us"].get<double>(), 0) << r.dump();
+      } else {
+        EXPECT_EQ(r["baseline"], flag == "--raw-gloo" ? "same-algorithm" : "gloo-native") << r.dump();
+      }
+    }
+  }
+}
+
 // -i steps by bytes instead of -f's factor; -a picks how ranks' times
 // combine and is reported; -a 4 is not one of nccl-tests' values.
 TEST(BenchFlags, StepBytesAndAverageFollowNcclTests) {

@@ -14,6 +14,10 @@
 //   exit-without-shutdown  groups are created, an async op is left in
 //          flight, and main returns without shutdown: the process must
 //          still exit promptly.
+//   abort-peer sync|async  rank 1 aborts its comm (and lives on) while the
+//          others wait for it in an all_to_all: on the sync mesh (the CPU
+//          algorithms read each peer's socket) or, given a timeout of its
+//          own, on Gloo's collectives. Only rank 1's shut sockets tell them.
 // Survivors print "FAULT rank <r> code <code> after_ms <ms> comm <c> op <o>
 // seq <s> peer <p>: <message>" (the comms::Error's fields) and
 // exit 3. SIGTERM is ignored so commsrun's stop signal cannot race the report.
@@ -132,6 +136,31 @@ int main(int argc, char** argv) {
     const auto start = Clock::now();
     try {
       world->all_reduce(BufferView::of(x), ReduceOp::sum());
+    } catch (const Error& e) {
+      return report(e, start);
+    }
+    std::printf("no error on rank %d\n", world->rank());
+    return 0;
+  }
+  if (mode == "abort-peer") {
+    world->barrier();
+    if (world->rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the others are waiting now
+      world->abort("test abort of rank 1");
+      std::printf("ABORTED rank 1\n");
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::seconds(20));  // alive: its exit would close the sockets too
+      return 0;
+    }
+    const size_t n = static_cast<size_t>(world->size());
+    std::vector<float> in(64 * n, 1.0f), out(64 * n);
+    OpOptions opts;
+    if (argc > 2 && std::string(argv[2]) == "async") {
+      opts.timeout = std::chrono::seconds(30);  // not the comm's: Gloo's collective on the async mesh
+    }
+    const auto start = Clock::now();
+    try {
+      world->all_to_all(BufferView::of(in), BufferView::of(out), opts);
     } catch (const Error& e) {
       return report(e, start);
     }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <regex>
+#include <set>
 
 #include "subprocess.h"
 
@@ -96,6 +97,35 @@ TEST(Faults, AbortWakesAnInFlightOpWithAbortedAndLaterOpsFailFast) {
   EXPECT_EQ(r[0].code, "aborted") << p.output;
   EXPECT_LT(r[0].ms, 3000) << p.output;
   EXPECT_NE(p.output.find("AFTER code aborted"), std::string::npos) << p.output;
+}
+
+// abort() shuts every socket of the comm, those its side connected and those
+// it accepted, so every peer waiting for it fails at once: on the sync mesh
+// each survivor reads rank 1's socket itself (an abort that shut one side
+// only would leave the others waiting). On Gloo's own collectives the rank
+// comes from Gloo's text, which names the peer by the connection's remote
+// end or, on the accepting side, by the address the peer listened on, with
+// the port unconverted.
+TEST(Faults, AbortShutsThePairsOfBothSidesAndThePeersErrorsNameTheAbortedRank) {
+  for (const std::string mesh : {"sync", "async"}) {
+    auto p = run({COMMSRUN, "-n", "4", "--grace", "2", "--", FAULT_HELPER, "abort-peer", mesh},
+                 {{"COMMS_OP_TIMEOUT", "60s"}}, 60s);
+    EXPECT_NE(p.output.find("ABORTED rank 1"), std::string::npos) << p.output;
+    const std::regex re(R"(FAULT rank (\d+) code (\w+) after_ms (\d+) comm \S+ op (\S+) seq \d+ peer (-?\d+): ([^\n]*))");
+    std::set<int> reported;
+    for (auto it = std::sregex_iterator(p.output.begin(), p.output.end(), re); it != std::sregex_iterator(); ++it) {
+      const auto& m = *it;
+      const int rank = std::stoi(m[1]);
+      reported.insert(rank);
+      EXPECT_EQ(m[2], "peer_failure") << mesh << " rank " << rank << ": " << m[6];
+      // Rank 1 lives 20 s past its abort; the op's timeout is 30 s or more.
+      EXPECT_LT(std::stoll(m[3]), 5000) << mesh << " rank " << rank << " waited: " << m[6];
+      EXPECT_EQ(m[4], "all_to_all") << m[6];
+      EXPECT_EQ(m[5], "1") << mesh << " rank " << rank << " did not name the aborted rank: " << m[6];
+      EXPECT_NE(m[6].str().find("(peer rank 1)"), std::string::npos) << mesh << " rank " << rank << ": " << m[6];
+    }
+    EXPECT_EQ(reported, (std::set<int>{0, 2, 3})) << mesh << ": a survivor did not fail promptly\n" << p.output;
+  }
 }
 
 TEST(Faults, AProgramThatExitsWithoutShutdownDoesNotHang) {

@@ -166,6 +166,42 @@ TEST_F(CommContract, IsCompletedReturnsAtOnceWhileAnotherThreadIsBlockedInWait) 
   EXPECT_TRUE(w.is_completed());
 }
 
+// The fakegpu plugin's count of op calls (init, submit, supports_reduction).
+int plugin_op_calls(Comm& c) {
+  return nlohmann::json::parse(c.describe())["backends"]["cuda"]["config"]["op_calls"].get<int>();
+}
+
+// A CUDA buffer on another device than the comm's is the caller's mistake:
+// the core refuses it, naming comm, op, both devices and rank, before the
+// plugin sees anything (no lazy init, no supports_reduction, no submit).
+TEST_F(CommContract, ABufferOnAnotherCudaDeviceIsRefusedBeforeThePluginSeesTheOp) {
+  float x = 1;
+  const BufferView on_1{&x, 1, DataType::kFloat32, Device::cuda(1)};
+  auto bound = fake("device-bound", {{"block_wait_ms", "0"}}, Device::cuda(0));
+  auto lazy = fake("device-lazy", {{"block_wait_ms", "0"}});  // local rank 0: cuda:0
+  for (auto* c : {bound.get(), lazy.get()}) {
+    const int before = plugin_op_calls(*c);
+    try {
+      c->all_reduce(on_1, ReduceOp::sum());
+      ADD_FAILURE() << c->name() << ": an all_reduce on cuda:1 was accepted by a comm on cuda:0";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_EQ(e.comm(), c->name());
+      EXPECT_EQ(e.op(), "all_reduce");
+      EXPECT_EQ(e.rank(), 0);
+      EXPECT_CONTAINS(std::string(e.what()), "comms[" + c->name() + " rank 0/1] all_reduce");
+      EXPECT_CONTAINS(std::string(e.what()), "input is on cuda:1 but this comm's cuda backend (fakegpu) is on cuda:0");
+    }
+    EXPECT_EQ(plugin_op_calls(*c), before) << c->name() << ": the plugin saw the refused op";
+    const BufferView on_1_out{&x, 1, DataType::kFloat32, Device::cuda(1)};
+    EXPECT_THROW(c->broadcast(on_1_out, 0), Error);
+    EXPECT_EQ(plugin_op_calls(*c), before) << c->name() << ": the plugin saw the refused broadcast";
+    // The comm's own device still reaches the plugin.
+    c->all_reduce(BufferView{&x, 1, DataType::kFloat32, Device::cuda(0)}, ReduceOp::sum());
+    EXPECT_GT(plugin_op_calls(*c), before);
+  }
+}
+
 TEST_F(CommContract, ACollectiveGivenATagIsRejectedNamingTheOp) {
   CommOptions o;
   o.rank = 0;

@@ -17,6 +17,7 @@
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/hash_store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "errors.h"
@@ -64,6 +65,8 @@ TEST(GlooErrors, ACountMismatchOfTheExchangeIsAnInvalidArgumentNamingThePeer) {
   EXPECT_EQ(s.message, "rank 0 expects 4096 bytes, rank 2 sent 4000");
 }
 
+// Libgloo prints the port as stored, in network byte order (4242 = 0x1092
+// reads 37392 on a little-endian host); a converted port is named too.
 TEST(GlooErrors, TheMessageNamesThePeerByItsEndpoint) {
   sockaddr_storage ep{};
   auto& in4 = reinterpret_cast<sockaddr_in&>(ep);
@@ -71,8 +74,13 @@ TEST(GlooErrors, TheMessageNamesThePeerByItsEndpoint) {
   in4.sin_port = htons(4242);
   inet_pton(AF_INET, "127.0.0.1", &in4.sin_addr);
   const std::vector<std::pair<sockaddr_storage, int>> peers = {{ep, 2}};
+  const std::string as_gloo_prints = "[127.0.0.1]:" + std::to_string(in4.sin_port);
+  EXPECT_EQ(peer_named_in("Connection closed by peer " + as_gloo_prints, peers), 2);
+  EXPECT_EQ(peer_named_in("Read error " + as_gloo_prints + ": Connection reset by peer", peers), 2);
   EXPECT_EQ(peer_named_in("Connection closed by peer [127.0.0.1]:4242", peers), 2);
   EXPECT_EQ(peer_named_in("Connection closed by peer [127.0.0.1]:4243", peers), -1);
+  EXPECT_EQ(peer_named_in("Connection closed by peer [127.0.0.1]:42421", peers), -1);
+  EXPECT_EQ(peer_named_in("Connection closed by peer [127.0.0.2]:4242", peers), -1);
 }
 
 // Two ranks of a real Gloo mesh in this process, over a HashStore.
@@ -119,11 +127,15 @@ TEST(GlooErrors, LibglooSaysTimedOutWhenAReadRunsOutOfTime) {
 }
 
 // The fallback's second text and the endpoint the peer is found by.
+// The backend records a peer by its connection's remote end, which is the
+// peer pair's address (once connected, its local end): the text must name it.
 TEST(GlooErrors, LibglooSaysClosedAndNamesThePeersEndpointWhenThePeerGoes) {
   Mesh mesh(10s);
   char byte = 0;
   auto recv = mesh.ctx[0]->getPair(1)->createRecvBuffer(0, &byte, 1);
   mesh.ctx[0]->getPair(1)->setSync(true, false);
+  const std::vector<std::pair<sockaddr_storage, int>> peers = {
+      {static_cast<const ::gloo::transport::tcp::Address&>(mesh.ctx[1]->getPair(0)->address()).getSockaddr(), 1}};
   mesh.ctx[1]->getPair(0)->close();
   mesh.ctx[1].reset();
   const std::string what = error_of([&] { recv->waitRecv(); });
@@ -131,7 +143,12 @@ TEST(GlooErrors, LibglooSaysClosedAndNamesThePeersEndpointWhenThePeerGoes) {
                           [&](std::string_view t) { return what.find(t) != std::string::npos; }))
       << what;
   EXPECT_NE(what.find("[127.0.0.1]:"), std::string::npos) << what;
-  EXPECT_EQ(classify_error(::gloo::EnforceNotMet("f", 1, "c", what), {}).code, ErrorCode::kPeerFailure);
+  EXPECT_EQ(peer_named_in(what, peers), 1) << what;
+  ErrorContext ctx;
+  ctx.peers = &peers;
+  const Status s = classify_error(::gloo::EnforceNotMet("f", 1, "c", what), ctx);
+  EXPECT_EQ(s.code, ErrorCode::kPeerFailure);
+  EXPECT_EQ(s.peer, 1) << what;
 }
 
 }  // namespace

@@ -1,14 +1,24 @@
 // backends/gloo/sockets.h: a pair's socket is found only among the sockets
 // its mesh's connect opened (an older socket with the same local address
-// belongs to another comm), and abort() shuts a descriptor down only while
-// it is still that socket.
+// belongs to another comm), on both sides of a real Gloo mesh, and abort()
+// shuts a descriptor down only while it is still that socket.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "memory_store_for_tests.h"
 #include "sockets.h"
+#include "store_adapter.h"
 
 namespace comms::gloo_backend {
 namespace {
@@ -67,6 +77,69 @@ TEST(GlooSockets, ADescriptorNumberReusedByAnotherSocketIsNoLongerThatSocket) {
   close(accepted);
   EXPECT_FALSE(still_the_same(pair_socket));
   for (int fd : {client, other_client, other_accepted}) close(fd);
+}
+
+// abort() and the sync mesh's spinning rely on it: in a real 3-rank mesh
+// every rank finds one socket per peer by its pairs' addresses, whichever
+// side of each pair connected, and the two sockets found for a pair are the
+// two ends of one connection (Gloo resets a connected pair's address to its
+// socket's local end on both sides). The peers' listen addresses read back
+// in Gloo's own store format are those the connections were made to.
+TEST(GlooSockets, EveryRankFindsItsSocketForEveryPeerOnBothSidesOfAGlooMesh) {
+  constexpr int kSize = 3;
+  comms::nccl::testing::MemoryStore store;
+  ::gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto device = ::gloo::transport::tcp::CreateDevice(attr);
+  const std::set<int> before = socket_fds();
+  std::vector<std::shared_ptr<::gloo::rendezvous::Context>> ctx(kSize);
+  std::vector<std::vector<sockaddr_storage>> listened(kSize, std::vector<sockaddr_storage>(kSize));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kSize; ++r) {
+    ranks.emplace_back([&, r] {
+      ctx[r] = std::make_shared<::gloo::rendezvous::Context>(r, kSize);
+      ctx[r]->setTimeout(std::chrono::seconds(30));
+      StoreAdapter adapter(store, "mesh/", std::chrono::seconds(30));
+      ctx[r]->connectFullMesh(adapter, device);
+      for (int p = 0; p < kSize; ++p) {
+        if (p != r) listened[r][p] = adapter.pair_listen_address(p, r, kSize);  // p's pair for r
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  const std::set<int> opened = sockets_opened_since(before);
+  ASSERT_EQ(opened.size(), size_t{kSize * (kSize - 1)}) << "both ends of each pair's connection";
+
+  std::vector<std::vector<FoundSocket>> found(kSize, std::vector<FoundSocket>(kSize));
+  for (int r = 0; r < kSize; ++r) {
+    std::vector<sockaddr_storage> locals;
+    std::vector<int> peers;
+    for (int p = 0; p < kSize; ++p) {
+      if (p == r) continue;
+      locals.push_back(static_cast<const ::gloo::transport::tcp::Address&>(ctx[r]->getPair(p)->address()).getSockaddr());
+      peers.push_back(p);
+    }
+    for (const auto& [socket, i] : sockets_bound_to(opened, locals)) {
+      EXPECT_EQ(found[r][peers[i]].fd, -1) << "rank " << r << " found two sockets for peer " << peers[i];
+      found[r][peers[i]] = socket;
+    }
+  }
+  for (int r = 0; r < kSize; ++r) {
+    for (int p = r + 1; p < kSize; ++p) {
+      const FoundSocket& a = found[r][p];
+      const FoundSocket& b = found[p][r];
+      ASSERT_NE(a.fd, -1) << "rank " << r << " found no socket for peer " << p;
+      ASSERT_NE(b.fd, -1) << "rank " << p << " found no socket for peer " << r;
+      EXPECT_TRUE(same_endpoint(a.local, b.remote) && same_endpoint(a.remote, b.local))
+          << "ranks " << r << " and " << p << " found sockets of different connections";
+      // The side that accepted kept its listen address; the other connected to it.
+      const bool r_accepted = same_endpoint(a.local, listened[p][r]);
+      const bool p_accepted = same_endpoint(b.local, listened[r][p]);
+      EXPECT_NE(r_accepted, p_accepted) << "ranks " << r << " and " << p
+                                        << ": the published addresses are not the connection's listening end";
+    }
+  }
+  for (auto& c : ctx) c->closeConnections();
 }
 
 }  // namespace

@@ -16,6 +16,9 @@
 //   use by others) until finalize; device_memory_used() reports the device.
 //   block_wait_ms=N: ops are async and their wait() blocks N ms; is_completed
 //   never blocks.
+//   describe() says how many op calls (init, submit, supports_reduction) the
+//   process's fakegpu backends saw, so a test can show the core refused an op
+//   before any of them.
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -40,6 +43,7 @@ const char* const kKeys[] = {"interface",   "min_ctas",      "fail_finalize", "l
 
 constexpr int64_t kOthersBytes = 1 << 20;
 std::atomic<int64_t> g_device_bytes{0};
+std::atomic<int> g_op_calls{0};
 
 std::string hint(const comms::Hints& h, const std::string& key) {
   auto it = h.find(key);
@@ -102,8 +106,12 @@ class FakeBackend : public comms::plugin::Backend {
     g_device_bytes += held_;
   }
   ~FakeBackend() override { release(); }
-  comms::Status init() override { return {}; }
+  comms::Status init() override {
+    ++g_op_calls;
+    return {};
+  }
   comms::Status submit(const comms::plugin::OpDesc&, std::unique_ptr<comms::plugin::Work>* work) override {
+    ++g_op_calls;
     if (fault_at(init_.hints, "submit") == "null") return {};
     if (const std::string ms = hint(init_.hints, "block_wait_ms"); !ms.empty()) {
       *work = std::make_unique<BlockingWork>(std::stoi(ms));
@@ -146,7 +154,7 @@ class FakeBackend : public comms::plugin::Backend {
   }
   std::string describe() const override {
     fault_at(init_.hints, "describe");
-    std::string j = "{\"fake\":true,\"hints\":{";
+    std::string j = "{\"fake\":true,\"op_calls\":" + std::to_string(g_op_calls.load()) + ",\"hints\":{";
     bool first = true;
     for (const auto& [k, v] : init_.hints) {
       j += (first ? "\"" : ",\"") + k + "\":\"" + v + "\"";
@@ -154,7 +162,10 @@ class FakeBackend : public comms::plugin::Backend {
     }
     return j + "}}";
   }
-  bool supports_reduction(comms::DataType, comms::ReduceKind) const override { return true; }
+  bool supports_reduction(comms::DataType, comms::ReduceKind) const override {
+    ++g_op_calls;
+    return true;
+  }
 
  private:
   void release() {
