@@ -23,6 +23,13 @@ NAME in the directory the programs run in. All programs are linked into one
 executable against LIBDIR's libcomms (argv[1] picks the block); a block
 fails when any rank exits non-zero. The last line is
 "N passed, N failed, N skipped" (for tools/run_tests.py).
+
+  check_doc_examples.py --python COMMSRUN PYTHON PYTHONPATH FILE.md|DIR...
+runs the ```python blocks marked <!-- doc-example: ranks=N --> instead, each
+as a script under COMMSRUN at N ranks with PYTHON and PYTHONPATH (the
+build's package); unmarked ```python blocks are fragments and are not run.
+"ranks=N needs=MODULE" skips the block, saying so, where PYTHON cannot
+import MODULE (torch, on machines without it).
 """
 import os
 import re
@@ -203,7 +210,72 @@ def run_examples(files, include_dir, compiler, commsrun, libdir):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+PY_FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+PY_HOW = re.compile(r"ranks=(\d+)(?:\s+needs=(\S+))?$")
+
+
+def python_blocks(path):
+    """(first line, how, code) of each ```python block marked as a program."""
+    text = open(path, encoding="utf-8").read()
+    for m in PY_FENCE.finditer(text):
+        a = ANNOTATION.match(line_before(text, m.start(1)))
+        if a:
+            yield text.count("\n", 0, m.start(1)) + 1, a.group(1), m.group(1)
+
+
+def run_python_examples(commsrun, python, pythonpath, files):
+    """Runs each marked ```python block as a script under commsrun."""
+    passed = failed = skipped = 0
+    env = dict(os.environ, COMMS_BACKEND="cpu:gloo", COMMS_OP_TIMEOUT="60s", COMMS_INIT_TIMEOUT="60s",
+               PYTHONPATH=os.path.abspath(pythonpath))
+    workdir = tempfile.mkdtemp(prefix="comms-doc-python-")
+    try:
+        for path in files:
+            for first_line, how, code in python_blocks(path):
+                where = f"{path}:{first_line}"
+                m = PY_HOW.fullmatch(how)
+                if not m:
+                    failed += 1
+                    print(f"FAILED {where}: cannot read the annotation '{how}'", file=sys.stderr)
+                    continue
+                ranks, needs = int(m.group(1)), m.group(2)
+                if needs and subprocess.run([python, "-c", f"import {needs}"], env=env,
+                                            capture_output=True).returncode != 0:
+                    skipped += 1
+                    print(f"SKIPPED {where}: {python} cannot import {needs}")
+                    continue
+                script = os.path.join(workdir, f"example_{first_line}.py")
+                with open(script, "w", encoding="utf-8") as f:
+                    f.write(code)
+                run = subprocess.run([os.path.abspath(commsrun), "-n", str(ranks), "--timeout", "150", "--",
+                                      python, script], cwd=workdir, env=env, text=True, capture_output=True,
+                                     timeout=180)
+                if run.returncode == 0:
+                    passed += 1
+                    print(f"PASSED {where} at {ranks} ranks")
+                else:
+                    failed += 1
+                    print(f"FAILED {where} at {ranks} ranks (exit {run.returncode}):\n{run.stdout}{run.stderr}",
+                          file=sys.stderr)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed or passed + skipped == 0 else 0
+
+
+def md_files(args):
+    files = []
+    for arg in args:
+        if os.path.isdir(arg):
+            files += sorted(os.path.join(arg, f) for f in os.listdir(arg) if f.endswith(".md"))
+        else:
+            files.append(arg)
+    return files
+
+
 def main(argv):
+    if len(argv) > 5 and argv[1] == "--python":
+        return run_python_examples(argv[2], argv[3], argv[4], md_files(argv[5:]))
     if "--" not in argv or argv.index("--") < 3:
         sys.exit(__doc__)
     sep = argv.index("--")
@@ -216,12 +288,7 @@ def main(argv):
             sys.exit(__doc__)
         run_with = args[at + 1], args[at + 2]
         args = args[:at] + args[at + 3:]
-    files = []
-    for arg in args:
-        if os.path.isdir(arg):
-            files += sorted(os.path.join(arg, f) for f in os.listdir(arg) if f.endswith(".md"))
-        else:
-            files.append(arg)
+    files = md_files(args)
     source, count = translation_unit(files)
     if count == 0:
         print(f"no ```cpp block in {', '.join(files)}: nothing was checked", file=sys.stderr)
