@@ -187,12 +187,30 @@ BackendSpec BackendSpec::parse(std::string_view text) {
       } catch (const Error& e) {
         // A file that exists but fails to load keeps its own reason.
         if (e.code() != ErrorCode::kNotFound || !registry.find_file(name).empty()) throw;
-        return parse(text, registry.capabilities(false));  // reports with the full list
+        // Reports the string's first error with every available backend
+        // listed: the ones not named are known by their file names alone
+        // (no device types), so that listing opens none of them.
+        std::vector<PluginCapabilities> available;
+        for (auto& n : registry.available_names()) {
+          const auto* loaded = find(named, n);
+          available.push_back(loaded ? *loaded : PluginCapabilities{std::move(n), 0, 0});
+        }
+        return parse(text, available);
       }
     }
     return parse(text, named);
   }
-  return parse(text, registry.capabilities(/*probe_devices=*/true));
+  // The default names gloo, and nccl when it finds a device: only nccl's
+  // plugin is asked, and only when its file is there.
+  std::vector<PluginCapabilities> nccl;
+  if (!registry.find_file("nccl").empty()) {
+    try {
+      nccl.push_back(registry.capabilities_of("nccl", /*probe_devices=*/true));
+    } catch (const Error&) {
+      // As when every plugin was listed: one that does not load is not offered.
+    }
+  }
+  return parse(text, nccl);
 }
 
 }  // namespace comms

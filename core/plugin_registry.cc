@@ -154,10 +154,14 @@ LoadedPlugin* PluginRegistry::open_locked(const std::string& expected_name,
                 str::cat("plugin '", path, "' has an incomplete descriptor (no name or create)"));
   }
   loaded->name = str::lower(e.name);
+  // Plugins are found by file name without being opened, so the name a file
+  // is found under must be the one its descriptor declares.
   if (!expected_name.empty() && loaded->name != expected_name) {
     throw Error(ErrorCode::kInvalidArgument,
                 str::cat("plugin file '", path, "' provides backend '", loaded->name,
-                         "', not the requested '", expected_name, "'"));
+                         "', not the requested '", expected_name, "': plugins are found by file name (",
+                         kFilePrefix, "<backend>", kFileSuffix, "), so name it ", kFilePrefix, loaded->name,
+                         kFileSuffix, " or point ", env_lib_variable(loaded->name), " at it"));
   }
   loaded->path = path;
   entries_.push_back(std::move(loaded));
@@ -186,10 +190,7 @@ const LoadedPlugin& PluginRegistry::get(std::string_view raw_name) {
       }
     }
   }
-  std::vector<std::string> available;
-  for (const auto& p : discover()) {
-    if (p.descriptor) available.push_back(p.name);
-  }
+  const std::vector<std::string> available = available_names();
   throw Error(ErrorCode::kNotFound,
               str::cat("no plugin provides backend '", name, "' (looked for ", kFilePrefix,
                            name, kFileSuffix, " in ", env_lib_variable(name), " and ",
@@ -212,18 +213,18 @@ const LoadedPlugin& PluginRegistry::load_file(const std::string& path) {
   return *p;
 }
 
-std::vector<DiscoveredPlugin> PluginRegistry::discover() {
-  std::vector<std::pair<std::string, std::string>> candidates;  // name, path
+std::vector<std::pair<std::string, std::string>> PluginRegistry::candidates() {
+  std::vector<std::pair<std::string, std::string>> out;  // name, path
   std::set<std::string> seen;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [name, p] : by_name_) {
-      if (seen.insert(name).second) candidates.emplace_back(name, p->path);
+      if (seen.insert(name).second) out.emplace_back(name, p->path);
     }
   }
   for (auto& [variable, path] : env::with_prefix(kLibVariablePrefix)) {
     std::string name = str::lower(std::string_view(variable).substr(kLibVariablePrefix.size()));
-    if (seen.insert(name).second) candidates.emplace_back(name, path);
+    if (seen.insert(name).second) out.emplace_back(name, path);
   }
   for (const auto& dir : search_dirs()) {
     DIR* d = opendir(dir.c_str());
@@ -231,15 +232,27 @@ std::vector<DiscoveredPlugin> PluginRegistry::discover() {
     std::vector<std::string> files;
     while (dirent* ent = readdir(d)) {
       std::string_view f(ent->d_name);
-      if (std::string_view(f).starts_with( kFilePrefix) && std::string_view(f).ends_with( kFileSuffix)) files.emplace_back(f);
+      if (f.starts_with(kFilePrefix) && f.ends_with(kFileSuffix)) files.emplace_back(f);
     }
     closedir(d);
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
       std::string name = f.substr(kFilePrefix.size(), f.size() - kFilePrefix.size() - kFileSuffix.size());
-      if (seen.insert(name).second) candidates.emplace_back(name, dir + "/" + f);
+      if (seen.insert(name).second) out.emplace_back(name, dir + "/" + f);
     }
   }
+  return out;
+}
+
+std::vector<std::string> PluginRegistry::available_names() {
+  std::vector<std::string> names;
+  for (auto& [name, path] : candidates()) names.push_back(std::move(name));
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<DiscoveredPlugin> PluginRegistry::discover() {
+  const auto candidates = this->candidates();
   std::vector<DiscoveredPlugin> out;
   for (auto& [name, path] : candidates) {
     DiscoveredPlugin p{name, path, nullptr, {}};
@@ -256,29 +269,41 @@ std::vector<DiscoveredPlugin> PluginRegistry::discover() {
   return out;
 }
 
+namespace {
+
+PluginCapabilities capabilities_from(const std::string& name, const plugin::PluginDescriptor& d,
+                                     bool probe_devices) {
+  PluginCapabilities c{name, d.device_types, 0};
+  if (!probe_devices) return c;
+  for (int t = 0; t < kNumDeviceTypes; ++t) {
+    const auto type = static_cast<DeviceType>(t);
+    if (!(c.device_types & plugin::device_bit(type))) continue;
+    int n = 1;
+    if (d.device_count) {
+      try {
+        n = d.device_count(type);
+      } catch (...) {
+        n = 0;
+      }
+    }
+    if (n > 0) c.devices_present |= plugin::device_bit(type);
+  }
+  return c;
+}
+
+}  // namespace
+
 std::vector<PluginCapabilities> PluginRegistry::capabilities(bool probe_devices) {
   std::vector<PluginCapabilities> caps;
   for (const auto& p : discover()) {
-    if (!p.descriptor) continue;
-    PluginCapabilities c{p.name, p.descriptor->device_types, 0};
-    if (probe_devices) {
-      for (int t = 0; t < kNumDeviceTypes; ++t) {
-        const auto type = static_cast<DeviceType>(t);
-        if (!(c.device_types & plugin::device_bit(type))) continue;
-        int n = 1;
-        if (p.descriptor->device_count) {
-          try {
-            n = p.descriptor->device_count(type);
-          } catch (...) {
-            n = 0;
-          }
-        }
-        if (n > 0) c.devices_present |= plugin::device_bit(type);
-      }
-    }
-    caps.push_back(std::move(c));
+    if (p.descriptor) caps.push_back(capabilities_from(p.name, *p.descriptor, probe_devices));
   }
   return caps;
+}
+
+PluginCapabilities PluginRegistry::capabilities_of(std::string_view name, bool probe_devices) {
+  const LoadedPlugin& p = get(name);
+  return capabilities_from(p.name, *p.descriptor, probe_devices);
 }
 
 }  // namespace comms::internal

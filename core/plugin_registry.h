@@ -1,8 +1,11 @@
 // Finds, loads and caches backend plugins (libcomms-<name>.so). Search order
 // for a name: COMMS_BACKEND_LIB_<NAME>, then each COMMS_PLUGIN_PATH
 // directory, then <dir of libcomms>/comms (installed), then the build tree's
-// backends/* when libcomms runs from the build tree. Plugins are never
-// unloaded.
+// backends/* when libcomms runs from the build tree. A plugin is opened only
+// when a backend string names it (its file name says which backend it
+// provides): opening one runs its libraries' constructors, e.g. UCX's
+// memory hooks, in every process that loads it. Only discover() opens all.
+// Plugins are never unloaded.
 #pragma once
 
 #include <memory>
@@ -52,11 +55,18 @@ class PluginRegistry {
   const LoadedPlugin& get(std::string_view name);
 
   // Every plugin in the search path, loaded; failures reported, not thrown.
+  // For listings (comms-info): a job's process opens only what it names.
   std::vector<DiscoveredPlugin> discover();
 
-  // Capabilities of every loadable plugin. devices_present is filled only
-  // when `probe_devices` (it may initialise a device runtime).
+  // The backend names the plugin files found provide, sorted, without
+  // opening any: for the "available backends" of an error.
+  std::vector<std::string> available_names();
+
+  // Capabilities of every loadable plugin (each one opened). devices_present
+  // is filled only when `probe_devices` (it may initialise a device runtime).
   std::vector<PluginCapabilities> capabilities(bool probe_devices);
+  // The same for the plugin of one backend, loading only it (get()'s errors).
+  PluginCapabilities capabilities_of(std::string_view name, bool probe_devices);
 
   // The directories searched, in order.
   std::vector<std::string> search_dirs() const;
@@ -74,6 +84,8 @@ class PluginRegistry {
   // returns it; the caller decides whether it becomes the one for its name.
   LoadedPlugin* open_locked(const std::string& expected_name, const std::string& path);
   const LoadedPlugin& load_locked(const std::string& name, const std::string& path);
+  // (name, path) of every plugin file found, loaded ones first, unopened.
+  std::vector<std::pair<std::string, std::string>> candidates();
 
   std::mutex mu_;
   std::vector<std::unique_ptr<LoadedPlugin>> entries_;      // owns every entry, forever

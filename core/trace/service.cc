@@ -2,9 +2,11 @@
 // polls the job's store every kPollPeriod for a culprit search request (one
 // counter read) and answers it for every comm of this process; it also
 // turns SIGUSR1 (through a self-pipe, the only thing the handler touches)
-// into dumps. Its state is leaked on purpose: it is detached and may still
-// run while static destructors do.
+// into dumps. At exit it is woken and joined before libcrypto's exit-time
+// cleanup (see start_watcher); the registry itself is leaked, as exit-time
+// destructors may still run while the watcher does.
 #include <fcntl.h>
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -36,14 +38,12 @@ constexpr int64_t kRecentRequests = 2;
 
 struct Registry {
   std::mutex mu;
-  // Held by the watcher while it uses a store; exit waits for it (briefly)
-  // so that static destructors do not run under a store call. A plain mutex
-  // polled with try_lock: ThreadSanitizer does not see timed_mutex's
-  // pthread_mutex_clocklock and reports its unlock as unbalanced.
-  std::mutex busy;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> done{false};  // the watcher has left its loop
   std::vector<std::weak_ptr<Recorder>> recorders;
   bool watcher_started = false;
+  std::thread watcher;
+  pid_t watcher_pid = 0;  // a forked child has the object but not the thread
   // The self-pipe: atomics, as the signal handler may run on any thread.
   std::atomic<int> wake_read{-1}, wake_write{-1};
 };
@@ -66,12 +66,14 @@ std::vector<std::shared_ptr<Recorder>> live() {
   return out;
 }
 
-void on_sigusr1(int) {
+void wake_watcher() {
   const int saved = errno;
   const char byte = 'U';
   [[maybe_unused]] ssize_t n = ::write(registry().wake_write.load(), &byte, 1);
   errno = saved;
 }
+
+void on_sigusr1(int) { wake_watcher(); }
 
 // SIGUSR1 dumps only when there is somewhere to dump to, and never replaces
 // a handler the program installed.
@@ -128,26 +130,45 @@ void watch() {
   while (!reg.stopping.load()) {
     pollfd p{fd, POLLIN, 0};
     const int n = ::poll(&p, 1, static_cast<int>(kPollPeriod.count()));
-    std::lock_guard<std::mutex> busy(reg.busy);
-    if (reg.stopping.load()) return;
+    if (reg.stopping.load()) break;
     if (n > 0 && (p.revents & POLLIN)) {
       char buf[64];
       if (::read(fd, buf, sizeof(buf)) > 0) dump_all("SIGUSR1");
     }
     answer_requests(watches);
   }
+  reg.done = true;
 }
+
+// At exit: wakes the watcher and joins it, so that its thread has ended, and
+// its thread-local state (libcrypto's, from a store connection of its own)
+// been freed, before exit-time cleanup. A store call in progress normally
+// ends in milliseconds; one stuck on an unresponsive store is not waited
+// for beyond kExitWait (the thread is then left to the process's end).
+constexpr auto kExitWait = std::chrono::seconds(1);
 
 void stop_watcher() {
   Registry& reg = registry();
+  {
+    std::lock_guard<std::mutex> lock(reg.mu);  // start_watcher may have run on another thread
+    if (!reg.watcher.joinable() || reg.watcher_pid != ::getpid() ||
+        reg.watcher.get_id() == std::this_thread::get_id()) {
+      return;
+    }
+  }
   reg.stopping = true;
-  // A store call in progress ends within its own timeout; exit waits a little.
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  while (!reg.busy.try_lock()) {
-    if (std::chrono::steady_clock::now() >= give_up) return;
+  wake_watcher();
+  const auto give_up = std::chrono::steady_clock::now() + kExitWait;
+  // Polled, not a timed wait: std's timed waits use pthread's clock calls,
+  // and ThreadSanitizer misread pthread_mutex_clocklock (an unbalanced unlock).
+  while (!reg.done.load()) {
+    if (std::chrono::steady_clock::now() >= give_up) {
+      reg.watcher.detach();
+      return;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  reg.busy.unlock();
+  reg.watcher.join();
 }
 
 void start_watcher(Registry& reg) {
@@ -160,9 +181,16 @@ void start_watcher(Registry& reg) {
   reg.wake_read = fds[0];
   reg.wake_write = fds[1];
   reg.watcher_started = true;
+  // libcrypto registers its exit-time cleanup on first use, which may be the
+  // watcher's own (a spare store connection authenticates). Initialising it
+  // now registers that cleanup before stop_watcher, so stop_watcher runs
+  // first (atexit runs in reverse): libcrypto frees its global state after
+  // the watcher's thread-local state, not under a running watcher.
+  OPENSSL_init_crypto(0, nullptr);
   std::atexit(stop_watcher);
   install_sigusr1();
-  std::thread(watch).detach();
+  reg.watcher_pid = ::getpid();
+  reg.watcher = std::thread(watch);
 }
 
 std::string file_name(const CommInfo& info) {

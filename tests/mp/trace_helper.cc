@@ -8,12 +8,19 @@
 //   kill   the last rank SIGKILLs itself before its 21st all_reduce.
 //   usr1   after 5 all_reduces every rank sends itself SIGUSR1 and waits
 //          for the recorder's watcher thread to dump.
+//   exit   every rank keeps its store connection busy (a get that times
+//          out) while the watcher polls, so the watcher opens connections
+//          of its own (libcrypto state in its thread), then exits. An exit
+//          handler that runs after libcrypto's cleanup sleeps, so that a
+//          watcher still running then ends during it and its libcrypto
+//          state leaks (LeakSanitizer fails the rank in the asan stage).
 // A rank whose op fails prints "FAULT rank <r> code <code> after_ms <ms>:
 // <message>" and exits 3; "OK rank <r>" when every op succeeded.
 #include <signal.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -25,6 +32,10 @@ using Clock = std::chrono::steady_clock;
 int main(int argc, char** argv) {
   signal(SIGTERM, SIG_IGN);
   const std::string mode = argc > 1 ? argv[1] : "skip";
+  if (mode == "exit") {
+    // Registered before libcomms and libcrypto register theirs: runs after them.
+    std::atexit([] { std::this_thread::sleep_for(std::chrono::milliseconds(800)); });
+  }
   auto world = new_comm("cpu:gloo", Device::cpu(), "world");
   const int last = world->size() - 1;
   const size_t n = mode == "count-ring" ? 65536 : 1024;
@@ -49,6 +60,15 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     dump_traces();
     return 3;
+  }
+  if (mode == "exit") {
+    try {
+      world->store()->get("trace-helper/never-set", std::chrono::milliseconds(1500));
+    } catch (const Error&) {
+    }
+    std::printf("OK rank %d exits\n", world->rank());
+    std::fflush(stdout);
+    return 0;
   }
   if (mode == "usr1") {
     raise(SIGUSR1);

@@ -187,4 +187,15 @@ TEST(Trace, SigusrOneMakesEveryRankDumpWithoutStoppingIt) {
   }
 }
 
+// The watcher thread ends before exit-time cleanup: under the asan stage a
+// watcher still running when libcrypto's cleanup ran leaked its per-thread
+// libcrypto state (LeakSanitizer fails the rank).
+TEST(Trace, TheWatcherThreadEndsBeforeExitTimeCleanup) {
+  auto p = run({COMMSRUN, "-n", "2", "--", TRACE_HELPER, "exit"}, {}, 60s);
+  EXPECT_EQ(p.exit_code(), 0) << p.output;
+  EXPECT_NE(p.output.find("OK rank 0 exits"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("OK rank 1 exits"), std::string::npos) << p.output;
+  EXPECT_EQ(p.output.find("LeakSanitizer"), std::string::npos) << p.output;
+}
+
 }  // namespace

@@ -150,6 +150,27 @@ TEST(PluginLoading, AFileThatIsNotAPluginIsRefusedClearly) {
   unsetenv("COMMS_BACKEND_LIB_JUNK");
 }
 
+// A plugin is found by its file name without being opened, so a file whose
+// descriptor declares another backend is refused when it is opened.
+TEST(PluginLoading, AFileNamedForOneBackendThatDeclaresAnotherIsRefusedNamingBoth) {
+  const std::string path = TEST_STABLE_PLUGIN_COPY;  // libcomms-stable-copy.so, declares "stable"
+  setenv("COMMS_PLUGIN_PATH", path.substr(0, path.rfind('/')).c_str(), 1);
+  try {
+    PluginRegistry::instance().get("stable-copy");
+    FAIL() << "loaded a plugin under a name its descriptor does not declare";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("plugin file '" + path + "' provides backend 'stable', not the requested "
+                                         "'stable-copy'"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("name it libcomms-stable.so or point COMMS_BACKEND_LIB_STABLE at it"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("COMMS_PLUGIN_PATH");
+}
+
 TEST(PluginLoading, ThePluginPathIsSearchedFirst) {
   setenv("COMMS_PLUGIN_PATH", "/nonexistent/a:/nonexistent/b", 1);
   auto dirs = PluginRegistry::instance().search_dirs();
