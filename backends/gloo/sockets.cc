@@ -3,7 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -63,8 +63,12 @@ std::set<int> socket_fds() {
     char* end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
     if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    struct stat st {};
-    if (fstat(static_cast<int>(fd), &st) == 0 && S_ISSOCK(st.st_mode)) out.insert(static_cast<int>(fd));
+    // The link's text ("socket:[inode]"), not fstat(fd): the descriptor may
+    // belong to another thread that is closing it (Gloo's pairs), and
+    // reading it would race with that close (TSan reported it).
+    char target[32] = {};
+    const ssize_t n = readlinkat(dirfd(dir), e->d_name, target, sizeof target - 1);
+    if (n > 0 && std::strncmp(target, "socket:", 7) == 0) out.insert(static_cast<int>(fd));
   }
   closedir(dir);
   return out;
