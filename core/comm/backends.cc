@@ -1,10 +1,10 @@
 // A comm's backend slots: creating each backend, connecting it (eagerly or
 // before its first op), and the message prefix every error of the comm uses.
-#include "comm_impl.h"
+#include "comm/comm_impl.h"
 #include "trace/service.h"
-#include "exit_guard.h"
-#include "log.h"
-#include "strutil.h"
+#include "comm/exit_guard.h"
+#include "util/log.h"
+#include "util/strutil.h"
 
 namespace comms {
 

@@ -1,7 +1,7 @@
 // comms::Comm: the public handle, forwarding to Comm::Impl.
-#include "comm_impl.h"
-#include "log.h"
-#include "strutil.h"
+#include "comm/comm_impl.h"
+#include "util/log.h"
+#include "util/strutil.h"
 
 namespace comms {
 

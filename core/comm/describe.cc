@@ -4,9 +4,9 @@
 // by new_comm and split).
 #include <nlohmann/json.hpp>
 
-#include "comm_impl.h"
-#include "json_text.h"
-#include "strutil.h"
+#include "comm/comm_impl.h"
+#include "util/json_text.h"
+#include "util/strutil.h"
 
 namespace comms {
 

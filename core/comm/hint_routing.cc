@@ -3,10 +3,10 @@
 #include <map>
 #include <set>
 
-#include "comm_impl.h"
-#include "env.h"
-#include "log.h"
-#include "strutil.h"
+#include "comm/comm_impl.h"
+#include "config/env.h"
+#include "util/log.h"
+#include "util/strutil.h"
 
 namespace comms::internal {
 

@@ -1,9 +1,9 @@
 // A comm's life after creation: run-time timeouts and hints, abort,
 // finalize, and offloading/reloading one backend.
-#include "comm_impl.h"
+#include "comm/comm_impl.h"
 #include "trace/service.h"
-#include "log.h"
-#include "strutil.h"
+#include "util/log.h"
+#include "util/strutil.h"
 
 namespace comms {
 

@@ -5,8 +5,8 @@
 #include <set>
 #include <unordered_map>
 
-#include "comm_impl.h"
-#include "strutil.h"
+#include "comm/comm_impl.h"
+#include "util/strutil.h"
 
 namespace comms::internal {
 namespace {

@@ -1,11 +1,11 @@
 // comms::new_comm: the comm's config from its arguments, the launcher's
 // environment and the COMMS_* variables, then its backends.
-#include "comm_impl.h"
+#include "comm/comm_impl.h"
 #include "comms/store.h"
-#include "env.h"
-#include "log.h"
+#include "config/env.h"
+#include "util/log.h"
 #include "store/store_tcp.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace comms {
 

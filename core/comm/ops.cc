@@ -1,5 +1,5 @@
 // The op calls of comms::Comm: each packs its arguments for Impl::run.
-#include "comm_impl.h"
+#include "comm/comm_impl.h"
 
 namespace comms {
 

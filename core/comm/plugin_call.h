@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "comms/error.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace comms::internal {
 

@@ -3,9 +3,9 @@
 // backend so later ops fail fast).
 #include <cstdlib>
 
-#include "comm_impl.h"
-#include "log.h"
-#include "strutil.h"
+#include "comm/comm_impl.h"
+#include "util/log.h"
+#include "util/strutil.h"
 #include "trace/service.h"
 
 namespace comms {

@@ -2,9 +2,9 @@
 // and splitting each backend of the parent (collective over the parent).
 #include <set>
 
-#include "comm_impl.h"
-#include "log.h"
-#include "strutil.h"
+#include "comm/comm_impl.h"
+#include "util/log.h"
+#include "util/strutil.h"
 
 namespace comms {
 

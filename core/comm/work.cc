@@ -1,5 +1,5 @@
 // Work, the handle of an async op, and the state behind it.
-#include "comm_impl.h"
+#include "comm/comm_impl.h"
 
 namespace comms {
 

@@ -6,13 +6,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend_select.h"
-#include "comm_impl.h"
+#include "comm/backend_select.h"
+#include "comm/comm_impl.h"
 #include "dist_state.h"
-#include "env.h"
-#include "json_text.h"
-#include "log.h"
-#include "strutil.h"
+#include "config/env.h"
+#include "util/json_text.h"
+#include "util/log.h"
+#include "util/strutil.h"
 
 namespace comms::dist {
 namespace {

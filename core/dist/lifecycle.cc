@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <map>
 
-#include "comm_impl.h"
+#include "comm/comm_impl.h"
 #include "dist_state.h"
-#include "log.h"
-#include "strutil.h"
+#include "util/log.h"
+#include "util/strutil.h"
 
 namespace comms::dist {
 namespace {

@@ -6,8 +6,8 @@
 #include <set>
 
 #include "dist_state.h"
-#include "log.h"
-#include "strutil.h"
+#include "util/log.h"
+#include "util/strutil.h"
 
 namespace comms::dist {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "comms/parallel.h"
 #include "dist_state.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace comms::dist {
 namespace {

@@ -10,9 +10,9 @@
 #include <iterator>
 
 #include "comms/error.h"
-#include "env.h"
-#include "log.h"
-#include "strutil.h"
+#include "config/env.h"
+#include "util/log.h"
+#include "util/strutil.h"
 
 namespace comms::store_auth {
 namespace {

@@ -18,7 +18,7 @@
 #include <thread>
 #include <utility>
 
-#include "strutil.h"
+#include "util/strutil.h"
 #include "comms/error.h"
 #include "comms/store.h"
 #include "store_semantics.h"

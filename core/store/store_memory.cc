@@ -3,7 +3,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "strutil.h"
+#include "util/strutil.h"
 #include "comms/error.h"
 #include "comms/store.h"
 #include "store_semantics.h"

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "asio.hpp"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace comms::store_net {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "strutil.h"
+#include "util/strutil.h"
 #include "comms/error.h"
 
 namespace comms::store_semantics {

@@ -26,13 +26,13 @@
 #include "asio.hpp"
 #include "comms/error.h"
 #include "comms/store.h"
-#include "log.h"
+#include "util/log.h"
 #include "store_auth.h"
 #include "store_net.h"
 #include "store_semantics.h"
 #include "store_tcp.h"
 #include "store_wire.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace comms {
 namespace {

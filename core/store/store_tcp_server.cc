@@ -36,12 +36,12 @@
 #include "asio.hpp"
 #include "comms/error.h"
 #include "comms/store.h"
-#include "log.h"
+#include "util/log.h"
 #include "store_auth.h"
 #include "store_net.h"
 #include "store_semantics.h"
 #include "store_wire.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace comms {
 namespace {

@@ -1,4 +1,4 @@
-#include "strutil.h"
+#include "util/strutil.h"
 #include "store_wire.h"
 
 #include <cstring>

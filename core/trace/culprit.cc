@@ -7,8 +7,8 @@
 #include <sstream>
 #include <thread>
 
-#include "env.h"
-#include "strutil.h"
+#include "config/env.h"
+#include "util/strutil.h"
 #include "trace/service.h"
 
 namespace comms::trace {

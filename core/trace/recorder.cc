@@ -4,8 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "env.h"
-#include "json_text.h"
+#include "config/env.h"
+#include "util/json_text.h"
 
 namespace comms::trace {
 

@@ -22,9 +22,9 @@
 #include <mutex>
 #include <thread>
 
-#include "env.h"
-#include "log.h"
-#include "strutil.h"
+#include "config/env.h"
+#include "util/log.h"
+#include "util/strutil.h"
 #include "trace/culprit.h"
 #include "trace/service.h"
 #include "comms/trace.h"

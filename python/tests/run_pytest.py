@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs pytest on some test files and ends with the line tools/run_tests.py
+"""Runs pytest on some test files and ends with the line scripts/run_tests.py
 counts: "N passed, N failed, N skipped" (pytest leaves out zero counts and
 reports collection errors separately, which count as failures here).
 

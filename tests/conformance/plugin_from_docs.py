@@ -8,7 +8,7 @@ Usage: plugin_from_docs.py PLUGINS.md INCLUDE_DIR COMMSRUN CONFORMANCE -- COMPIL
 The plugin is the ```cpp block under the line
 <!-- doc-example: not-a-program: the walkthrough plugin ... -->, built with
 the page's flags. The last line is "N passed, N failed, N skipped" over every
-run (for tools/run_tests.py).
+run (for scripts/run_tests.py).
 """
 import os
 import re

@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "comms/bootstrap.h"
-#include "env.h"
+#include "config/env.h"
 #include "fuzz_check.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 
 #include "comms/options.h"
 #include "fuzz_check.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include "comms/store.h"
 #include "fuzz_check.h"
 #include "store/store_wire.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace {
 

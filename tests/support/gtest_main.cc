@@ -1,5 +1,5 @@
 // gtest main shared by every test binary. When COMMS_TEST_REPORT_DIR is set
-// (tools/run_tests.py sets it), each process writes
+// (scripts/run_tests.py sets it), each process writes
 // <dir>/<binary>.rank<R>.json so that a multi-process test counts each case
 // once, failed if it failed on any rank.
 #include <gtest/gtest.h>

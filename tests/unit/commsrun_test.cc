@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace {
 

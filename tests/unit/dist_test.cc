@@ -83,8 +83,8 @@ TEST(TypedOptions, UnsetFieldsAddNothing) {
 
 #include <nlohmann/json.hpp>
 
-#include "comm_impl.h"
-#include "plugin_registry.h"
+#include "comm/comm_impl.h"
+#include "plugins/plugin_registry.h"
 
 namespace comms::dist {
 namespace {

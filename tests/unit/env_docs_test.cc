@@ -8,7 +8,7 @@
 #include <sstream>
 #include <vector>
 
-#include "env.h"
+#include "config/env.h"
 
 TEST(EnvironmentDocs, EveryVariableTheLibraryReadsIsInTheTable) {
   std::ifstream f(COMMS_SOURCE_ROOT "/docs/ENVIRONMENT.md");
@@ -56,7 +56,7 @@ TEST(EnvironmentDocs, NoCodeReadsTheEnvironmentExceptThroughEnv) {
     for (const char* call : {"getenv(", "secure_getenv("}) {
       EXPECT_EQ(text.find(call), std::string::npos)
           << path << " calls " << call << "...): read variables through comms::env (include/comms/env.h, "
-          << "core/env.h) so that they are validated and documented";
+          << "core/config/env.h) so that they are validated and documented";
     }
   }
   EXPECT_GT(scanned, 50u) << "the source tree was not found under " COMMS_SOURCE_ROOT;
@@ -73,7 +73,7 @@ TEST(EnvironmentDocs, EveryVariableReadByNameIsInTheTable) {
     for (std::sregex_iterator it(text.begin(), text.end(), read), end; it != end; ++it) {
       ++found;
       EXPECT_TRUE(table.count((*it)[1].str())) << path << " reads " << (*it)[1].str()
-                                               << ", which is not in the table (core/env.cc, docs/ENVIRONMENT.md)";
+                                               << ", which is not in the table (core/config/env.cc, docs/ENVIRONMENT.md)";
     }
   }
   EXPECT_GT(found, 10u);

@@ -9,9 +9,9 @@
 #include <optional>
 #include <string>
 
-#include "comm_impl.h"
+#include "comm/comm_impl.h"
 #include "comms/comms.h"
-#include "env.h"
+#include "config/env.h"
 #include "subprocess.h"
 
 namespace comms {
@@ -146,7 +146,7 @@ TEST(EnvironmentValidation, EveryDocumentedVariableHasAMalformedCaseOrAReasonItH
   for (const auto& v : env::documented()) {
     const auto it = decisions().find(v.name);
     ASSERT_NE(it, decisions().end())
-        << v.name << " is in the table (core/env.cc) but this test has no decision for it: add a malformed value "
+        << v.name << " is in the table (core/config/env.cc) but this test has no decision for it: add a malformed value "
         << "that must be an error, or the reason it has no malformed form";
     EXPECT_TRUE(it->second.malformed.has_value() != (it->second.no_malformed_form != nullptr)) << v.name;
   }

@@ -12,8 +12,8 @@
 #include "comms/bootstrap.h"
 #include "comms/error.h"
 #include "comms/options.h"
-#include "env.h"
-#include "plugin_registry.h"
+#include "config/env.h"
+#include "plugins/plugin_registry.h"
 
 namespace comms {
 namespace {

@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "comm_impl.h"
+#include "comm/comm_impl.h"
 #include "comms/comms.h"
-#include "plugin_registry.h"
+#include "plugins/plugin_registry.h"
 
 namespace comms {
 namespace {

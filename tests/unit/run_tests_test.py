@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/run_tests.py on a tiny Meson build of its own: a failed test's log
+"""scripts/run_tests.py on a tiny Meson build of its own: a failed test's log
 is kept in the build dir (its path printed) and its last 40 lines printed; a
 passing test leaves no log.
 
@@ -68,7 +68,7 @@ if __name__ == "__main__":
     RUN_TESTS = os.path.abspath(sys.argv.pop(1))
     result = unittest.main(exit=False, verbosity=2).result
     failed = len(result.failures) + len(result.errors)
-    # The line tools/run_tests.py counts.
+    # The line scripts/run_tests.py counts.
     print("%d passed, %d failed, %d skipped" % (result.testsRun - failed - len(result.skipped), failed,
                                                 len(result.skipped)))
     sys.exit(1 if failed else 0)

@@ -1,9 +1,9 @@
 // Slurm's compact node lists and job ids, as the store address under srun
-// is derived from them (core/slurm.h).
+// is derived from them (core/bootstrap/slurm.h).
 #include <gtest/gtest.h>
 
 #include "comms/error.h"
-#include "slurm.h"
+#include "bootstrap/slurm.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
 
 #include "comms/comms.h"
 #include "comms/numeric.h"
-#include "env.h"
+#include "config/env.h"
 
 namespace comms {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "validate.h"
+#include "comm/validate.h"
 
 namespace comms::internal {
 namespace {

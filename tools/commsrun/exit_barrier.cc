@@ -8,7 +8,7 @@
 #include "comms/error.h"
 #include "comms/store.h"
 #include "launcher.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace commsrun {
 

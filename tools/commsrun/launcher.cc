@@ -11,7 +11,7 @@
 #include <cstring>
 #include <utility>
 
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace commsrun {
 

@@ -40,7 +40,7 @@
 #include "options.h"
 #include "output.h"
 #include "store/store_auth.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace {
 

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <string_view>
 
-#include "env.h"
+#include "config/env.h"
 #include "output.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace commsrun {
 namespace {

@@ -6,7 +6,7 @@
 #include <csignal>
 #include <cstring>
 
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace commsrun {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "comms/env.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-/* The Open MPI peer column of tools/dev bench (tools/bench_sweep.sh): times
+/* The Open MPI peer column of tools/dev bench (scripts/bench_sweep.sh): times
  * MPI's own collectives with comms-bench's rules, so the two columns compare
  * like for like:
  *   - float32, sum, out of place; root 0 for broadcast, reduce, gather and

@@ -1,5 +1,5 @@
-#include "strutil.h"
-#include "validate.h"
+#include "util/strutil.h"
+#include "comm/validate.h"
 
 #include <cstdint>
 #include <iterator>

@@ -1,10 +1,10 @@
-#include "slurm.h"
+#include "bootstrap/slurm.h"
 
 #include <cctype>
 
 #include "comms/error.h"
-#include "env.h"
-#include "strutil.h"
+#include "config/env.h"
+#include "util/strutil.h"
 
 namespace comms::slurm {
 namespace {

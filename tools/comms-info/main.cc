@@ -11,7 +11,7 @@
 
 #include "comms/comms.h"
 #include "comms/plugin.h"  // COMMS_PLUGIN_ABI_VERSION
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace {
 

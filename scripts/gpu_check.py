@@ -51,7 +51,7 @@ SYSTEM_LIBRARIES = re.compile(
 
 # Sources whose content a bundle was built from; `run` refuses a bundle whose
 # sources differ from the tree beside it (a stale bundle would report on old code).
-SOURCE_DIRS = ["core", "backends", "include", "tools", "tests/unit", "tests/gpu", "tests/conformance",
+SOURCE_DIRS = ["core", "backends", "include", "tools", "scripts", "tests/unit", "tests/gpu", "tests/conformance",
                "tests/support"]
 SOURCE_SUFFIXES = (".cc", ".h", ".build", ".txt", ".py")
 

@@ -1,10 +1,10 @@
-#include "init_progress.h"
+#include "bootstrap/init_progress.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "comms/error.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace comms::internal {
 namespace {

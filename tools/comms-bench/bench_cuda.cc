@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "strutil.h"
+#include "util/strutil.h"
 
 #if COMMS_BENCH_CUDA
 #include <cuda_runtime.h>

@@ -24,11 +24,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "bench/options.h"
-#include "bench/report.h"
-#include "bench/runner.h"
+#include "options.h"
+#include "report.h"
+#include "runner.h"
 #include "comms/comms.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace {
 

@@ -19,10 +19,10 @@
 #include "comms/comm.h"
 #include "comms/plugin.h"
 #include "comm/plugin_call.h"
-#include "init_progress.h"
-#include "plugin_registry.h"
+#include "bootstrap/init_progress.h"
+#include "plugins/plugin_registry.h"
 #include "trace/recorder.h"
-#include "validate.h"
+#include "comm/validate.h"
 
 namespace comms {
 

@@ -1,4 +1,4 @@
-#include "plugin_registry.h"
+#include "plugins/plugin_registry.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -10,9 +10,9 @@
 #include <cstring>
 #include <set>
 
-#include "strutil.h"
+#include "util/strutil.h"
 #include "comms/error.h"
-#include "env.h"
+#include "config/env.h"
 
 namespace comms::internal {
 namespace {

@@ -1,6 +1,6 @@
 #include <string>
 
-#include "strutil.h"
+#include "util/strutil.h"
 #include "comms/comm.h"
 #include "comms/comms.h"
 #include "comms/error.h"

@@ -1,5 +1,5 @@
-#include "strutil.h"
-#include "log.h"
+#include "util/strutil.h"
+#include "util/log.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "env.h"
+#include "config/env.h"
 
 namespace comms::log {
 namespace {

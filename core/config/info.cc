@@ -5,11 +5,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm_impl.h"
-#include "env.h"
-#include "json_text.h"
-#include "plugin_registry.h"
-#include "strutil.h"
+#include "comm/comm_impl.h"
+#include "config/env.h"
+#include "util/json_text.h"
+#include "plugins/plugin_registry.h"
+#include "util/strutil.h"
 
 namespace comms {
 namespace {

@@ -1,4 +1,4 @@
-#include "strutil.h"
+#include "util/strutil.h"
 #include "comms/bootstrap.h"
 
 #include <filesystem>
@@ -7,9 +7,9 @@
 
 #include "comms/error.h"
 #include "comms/store.h"
-#include "env.h"
-#include "log.h"
-#include "slurm.h"
+#include "config/env.h"
+#include "util/log.h"
+#include "bootstrap/slurm.h"
 
 namespace comms {
 namespace {

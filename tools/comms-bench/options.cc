@@ -5,7 +5,7 @@
 #include <tuple>
 
 #include "comms/error.h"
-#include "strutil.h"
+#include "util/strutil.h"
 
 namespace comms::bench {
 

@@ -1,4 +1,4 @@
-#include "exit_guard.h"
+#include "comm/exit_guard.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -7,9 +7,9 @@
 #include <mutex>
 #include <set>
 
-#include "comm_impl.h"
-#include "log.h"
-#include "strutil.h"
+#include "comm/comm_impl.h"
+#include "util/log.h"
+#include "util/strutil.h"
 
 namespace comms::internal {
 namespace {

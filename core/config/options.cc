@@ -1,4 +1,4 @@
-#include "strutil.h"
+#include "util/strutil.h"
 #include "comms/error.h"
 #include "comms/options.h"
 

@@ -11,7 +11,7 @@ GitHub spells heading anchors. Links with a scheme (https:, mailto:) are not
 followed; links inside code (fenced blocks and `spans`) are not links. A
 link may not leave ROOT (the repository). Every broken link is printed as
 FILE:LINE; the last line is "N passed, N failed, N skipped" (one case per
-page, for tools/run_tests.py), and the exit status is 1 if any link is broken.
+page, for scripts/run_tests.py), and the exit status is 1 if any link is broken.
 """
 import os
 import re

@@ -1,11 +1,11 @@
-#include "strutil.h"
+#include "util/strutil.h"
 #include "comms/backend_spec.h"
 
 #include <vector>
 
 #include "comms/error.h"
-#include "backend_select.h"
-#include "plugin_registry.h"
+#include "comm/backend_select.h"
+#include "plugins/plugin_registry.h"
 
 namespace comms {
 namespace {

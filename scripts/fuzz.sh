@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of tests/fuzz (clang-14, ASan+UBSan) and runs
 # each over its committed corpus for a bounded time.
-#   tools/fuzz.sh [BUILD_DIR] [SECONDS_PER_TARGET]     (build-fuzz, 20)
+#   scripts/fuzz.sh [BUILD_DIR] [SECONDS_PER_TARGET]     (build-fuzz, 20)
 # One line per target, then "N passed, N failed"; exit status 1 if any failed.
 # New inputs go to a temporary directory, never into the repository; a
 # crash's reproducer is kept under BUILD_DIR/fuzz-artifacts/ and its path
@@ -15,7 +15,7 @@ JOBS=${FUZZ_JOBS:-2}
 CXX_FUZZ=${CXX_FUZZ:-clang++-14}
 
 if ! command -v "$CXX_FUZZ" >/dev/null; then
-  echo "tools/fuzz.sh: $CXX_FUZZ not found (tools/dev installs clang-14 and libclang-rt-14-dev)" >&2
+  echo "scripts/fuzz.sh: $CXX_FUZZ not found (tools/dev installs clang-14 and libclang-rt-14-dev)" >&2
   exit 1
 fi
 
@@ -33,7 +33,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
 fi
 meson compile -C "$BUILD" -j 2 >"$BUILD/fuzz-build.log" 2>&1 || {
   tail -50 "$BUILD/fuzz-build.log" >&2
-  echo "tools/fuzz.sh: build failed (log: $BUILD/fuzz-build.log)" >&2
+  echo "scripts/fuzz.sh: build failed (log: $BUILD/fuzz-build.log)" >&2
   exit 1
 }
 echo "fuzz: built in $(( $(date +%s) - start )) s"

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Keeps files and functions small enough to read.
 
-Fails when a source file under core/, backends/ or tools/ has more than
+Fails when a source file under core/, backends/, tools/ or scripts/ has more than
 MAX_FILE_LINES lines, or a function (as Universal Ctags sees it: start and end
 line of its body) more than MAX_FUNCTION_LINES, unless EXCEPTIONS below names
 it with the reason it must be long. Prints each violation, then one
-"N passed, N failed, N skipped" line (one case) for tools/run_tests.py.
+"N passed, N failed, N skipped" line (one case) for scripts/run_tests.py.
 
 usage: check_sizes.py SOURCE_ROOT
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 100
-CHECKED_DIRS = ("core", "backends", "tools")
+CHECKED_DIRS = ("core", "backends", "tools", "scripts")
 SUFFIXES = {".cc", ".h", ".c", ".cpp", ".py"}
 
 # "path" or "path:function" -> why it must stay long. Keep this short.

@@ -1,4 +1,4 @@
-#include "env.h"
+#include "config/env.h"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "strutil.h"
+#include "util/strutil.h"
 #include "comms/error.h"
 
 namespace comms::env {

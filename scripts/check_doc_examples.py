@@ -22,7 +22,7 @@ A ```yaml (or other) block preceded by <!-- doc-file: NAME --> is written to
 NAME in the directory the programs run in. All programs are linked into one
 executable against LIBDIR's libcomms (argv[1] picks the block); a block
 fails when any rank exits non-zero. The last line is
-"N passed, N failed, N skipped" (for tools/run_tests.py).
+"N passed, N failed, N skipped" (for scripts/run_tests.py).
 
   check_doc_examples.py --python COMMSRUN PYTHON PYTHONPATH FILE.md|DIR...
 runs the ```python blocks marked <!-- doc-example: ranks=N --> instead, each
