@@ -194,20 +194,26 @@ def run_examples(files, include_dir, compiler, commsrun, libdir):
         passed, failed = 0, len(problems)
         env = dict(os.environ, COMMS_BACKEND="cpu:gloo", COMMS_OP_TIMEOUT="60s", COMMS_INIT_TIMEOUT="60s")
         for i, where, ranks in plan:
-            run = subprocess.run([os.path.abspath(commsrun), "-n", str(ranks), "--timeout", "150", "--", exe, str(i)],
-                                 cwd=workdir, env=env, text=True, capture_output=True, timeout=180)
-            if run.returncode == 0:
+            if run_under_commsrun(commsrun, ranks, [exe, str(i)], where, workdir, env):
                 passed += 1
-                print(f"PASSED {where} at {ranks} ranks")
             else:
                 failed += 1
-                print(f"FAILED {where} at {ranks} ranks (exit {run.returncode}):\n{run.stdout}{run.stderr}",
-                      file=sys.stderr)
         skipped = index - len(plan) - len(problems)
         print(f"{passed} passed, {failed} failed, {skipped} skipped")
         return 0 if failed == 0 else 1
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_under_commsrun(commsrun, ranks, argv, where, workdir, env):
+    """Runs argv at `ranks` ranks; prints PASSED, or FAILED with its output. True when it passed."""
+    run = subprocess.run([os.path.abspath(commsrun), "-n", str(ranks), "--timeout", "150", "--"] + argv,
+                         cwd=workdir, env=env, text=True, capture_output=True, timeout=180)
+    if run.returncode == 0:
+        print(f"PASSED {where} at {ranks} ranks")
+        return True
+    print(f"FAILED {where} at {ranks} ranks (exit {run.returncode}):\n{run.stdout}{run.stderr}", file=sys.stderr)
+    return False
 
 
 PY_FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
@@ -247,16 +253,10 @@ def run_python_examples(commsrun, python, pythonpath, files):
                 script = os.path.join(workdir, f"example_{first_line}.py")
                 with open(script, "w", encoding="utf-8") as f:
                     f.write(code)
-                run = subprocess.run([os.path.abspath(commsrun), "-n", str(ranks), "--timeout", "150", "--",
-                                      python, script], cwd=workdir, env=env, text=True, capture_output=True,
-                                     timeout=180)
-                if run.returncode == 0:
+                if run_under_commsrun(commsrun, ranks, [python, script], where, workdir, env):
                     passed += 1
-                    print(f"PASSED {where} at {ranks} ranks")
                 else:
                     failed += 1
-                    print(f"FAILED {where} at {ranks} ranks (exit {run.returncode}):\n{run.stdout}{run.stderr}",
-                          file=sys.stderr)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"{passed} passed, {failed} failed, {skipped} skipped")

@@ -25,8 +25,8 @@ HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
 
-def prose_lines(text):
-    """(line number, line) of every line outside fenced code, code spans blanked."""
+def lines_outside_fences(text):
+    """(line number, line) of every line outside fenced code blocks."""
     in_fence = None
     for number, line in enumerate(text.splitlines(), 1):
         m = FENCE.match(line.lstrip())
@@ -37,7 +37,13 @@ def prose_lines(text):
                 in_fence = None
             continue
         if in_fence is None:
-            yield number, CODE_SPAN.sub(lambda s: " " * len(s.group(0)), line)
+            yield number, line
+
+
+def prose_lines(text):
+    """(line number, line) of every line outside fenced code, code spans blanked."""
+    for number, line in lines_outside_fences(text):
+        yield number, CODE_SPAN.sub(lambda s: " " * len(s.group(0)), line)
 
 
 def slug(heading):
@@ -56,16 +62,8 @@ def anchors(path):
         found, seen = set(), {}
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        in_fence = None
-        for line in text.splitlines():
-            m = FENCE.match(line.lstrip())
-            if m:
-                if in_fence is None:
-                    in_fence = m.group(1)
-                elif m.group(1) == in_fence:
-                    in_fence = None
-                continue
-            h = HEADING.match(line) if in_fence is None else None
+        for _, line in lines_outside_fences(text):
+            h = HEADING.match(line)
             if h:
                 base = slug(h.group(2))
                 n = seen.get(base, 0)
