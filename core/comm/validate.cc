@@ -388,20 +388,24 @@ Status validate(const OpArgs& a, int rank, int size, Checked* out) {
 
 Status check_device(const OpArgs& a, const Device& device, std::string_view backend) {
   if (device.index < 0) return {};
-  auto check = [&](const BufferView& b, std::string_view what) -> Status {
-    if (b.device.type != device.type || b.device.index < 0 || b.device.index == device.index) return {};
+  // Runs on every op: the buffer's name is only formatted for an error.
+  auto on_other = [&](const BufferView& b) {
+    return b.device.type == device.type && b.device.index >= 0 && b.device.index != device.index;
+  };
+  auto refuse = [&](const BufferView& b, std::string_view what) {
     return invalid(str::cat(what, " is on ", b.device.to_string(), " but this comm's ", to_string(device.type),
                             " backend (", backend, ") is on ", device.to_string()));
   };
-  COMMS_RETURN_IF_ERROR(check(a.input, "input"));
-  COMMS_RETURN_IF_ERROR(check(a.output, "output"));
+  if (on_other(a.input)) return refuse(a.input, "input");
+  if (on_other(a.output)) return refuse(a.output, "output");
   for (size_t i = 0; i < a.outputs.size(); ++i) {
-    COMMS_RETURN_IF_ERROR(check(a.outputs[i], str::cat("outputs[", i, "]")));
+    if (on_other(a.outputs[i])) return refuse(a.outputs[i], str::cat("outputs[", i, "]"));
   }
   for (size_t i = 0; i < a.p2p.size(); ++i) {
     const auto& op = a.p2p[i];
-    const char* kind = op.kind == P2POp::Kind::kSend ? "send" : "recv";
-    COMMS_RETURN_IF_ERROR(check(op.buffer, str::cat("ops[", i, "] (", kind, ")")));
+    if (on_other(op.buffer)) {
+      return refuse(op.buffer, str::cat("ops[", i, "] (", op.kind == P2POp::Kind::kSend ? "send" : "recv", ")"));
+    }
   }
   return {};
 }
