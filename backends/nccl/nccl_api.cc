@@ -153,6 +153,28 @@ class RealNcclApi final : public NcclApi {
     return cudaMemGetInfo(free_bytes, total_bytes);
   }
   const char* cuda_error_string(cudaError_t e) override { return cudaGetErrorString(e); }
+
+  cudaError_t stream_capture_info(cudaStream_t s, cudaStreamCaptureStatus* status,
+                                  unsigned long long* id) override {
+    return cudaStreamGetCaptureInfo(s, status, id);
+  }
+  cudaError_t stream_begin_capture(cudaStream_t s, cudaStreamCaptureMode mode) override {
+    return cudaStreamBeginCapture(s, mode);
+  }
+  cudaError_t stream_end_capture(cudaStream_t s, cudaGraph_t* graph) override {
+    return cudaStreamEndCapture(s, graph);
+  }
+  cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) override {
+    return cudaGraphInstantiate(exec, graph, 0);
+  }
+  cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t s) override {
+    return cudaGraphLaunch(exec, s);
+  }
+  cudaError_t graph_exec_destroy(cudaGraphExec_t exec) override {
+    return cudaGraphExecDestroy(exec);
+  }
+  cudaError_t graph_destroy(cudaGraph_t graph) override { return cudaGraphDestroy(graph); }
+  cudaError_t stream_synchronize(cudaStream_t s) override { return cudaStreamSynchronize(s); }
 };
 
 }  // namespace

@@ -77,6 +77,19 @@ class NcclApi {
   // cudaMemGetInfo: free and total bytes of the current device.
   virtual cudaError_t mem_get_info(size_t* free_bytes, size_t* total_bytes) = 0;
   virtual const char* cuda_error_string(cudaError_t e) = 0;
+
+  // CUDA graphs. The plugin asks only capture_info (cudaStreamGetCaptureInfo:
+  // status and capture id); the rest lets tests and gpu-check drive capture
+  // and replay through the same seam (and the fake).
+  virtual cudaError_t stream_capture_info(cudaStream_t s, cudaStreamCaptureStatus* status,
+                                          unsigned long long* id) = 0;
+  virtual cudaError_t stream_begin_capture(cudaStream_t s, cudaStreamCaptureMode mode) = 0;
+  virtual cudaError_t stream_end_capture(cudaStream_t s, cudaGraph_t* graph) = 0;
+  virtual cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) = 0;
+  virtual cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t s) = 0;
+  virtual cudaError_t graph_exec_destroy(cudaGraphExec_t exec) = 0;
+  virtual cudaError_t graph_destroy(cudaGraph_t graph) = 0;
+  virtual cudaError_t stream_synchronize(cudaStream_t s) = 0;
 };
 
 // The process-wide NcclApi over the linked NCCL and CUDA runtime.

@@ -29,7 +29,11 @@ class NcclBackend final : public plugin::Backend {
     if (!finalized_) core_->destroy_locked();
   }
 
+  // A lazy comm connects in its first submit instead, where the op's stream
+  // is known: an op inside CUDA graph capture must be refused before the
+  // unique id is exchanged (a failed init is sticky).
   Status init() override {
+    if (!core_->init().eager) return {};
     std::lock_guard lock(core_->mu);
     return core_->init_locked();
   }
@@ -99,13 +103,20 @@ Status NcclBackend::submit(const OpDesc& op, std::unique_ptr<plugin::Work>* work
                 std::to_string(op.device.index) + " but this comm's NCCL communicator is bound "
                 "to cuda:" + std::to_string(core_->device())};
   }
+  auto caller = static_cast<cudaStream_t>(op.stream);
+  bool capturing = false;
+  if (Status s = capture_state(core_->api(), caller, &capturing); !s.is_ok()) return s;
   std::lock_guard lock(core_->mu);
+  if (capturing) {
+    if (Status s = core_->submit_captured_locked(op, caller); !s.is_ok()) return s;
+    if (op.async) *work = std::make_unique<CapturedWork>(op.type);
+    return {};
+  }
   if (!core_->initialized_locked() && core_->failure_locked().is_ok()) {
     if (Status s = core_->init_locked(); !s.is_ok()) return s;  // lazy binding
   }
   std::shared_ptr<WorkState> state;
   if (Status s = core_->submit_locked(op, &state); !s.is_ok()) return s;
-  auto caller = static_cast<cudaStream_t>(op.stream);
   if (op.async) {
     *work = std::make_unique<NcclWork>(core_, std::move(state), caller);
     return {};

@@ -74,6 +74,8 @@ std::string Core::describe_locked() const {
   j["stream_priority"] = prio;
   j["init_timeout_ms"] = init_.init_timeout.count();
   j["op_timeout_ms"] = op_timeout_.count();
+  // Ops the watchdog tracks; ops captured into CUDA graphs are never among them.
+  j["ops_in_flight"] = outstanding_.size();
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }
 

@@ -3,6 +3,7 @@
 // answers. Its methods live with their job:
 //   nccl_bootstrap.cc  unique id exchange, communicator init and split
 //   nccl_enqueue.cc    submitting an op (one launch rule per op type)
+//   nccl_capture.cc    submitting an op into a CUDA graph being captured
 //   nccl_work.cc       completion, deadlines and failure (the watchdog's round)
 //   nccl_teardown.cc   finalize, abort and destroy
 //   nccl_core.cc       construction, settling NCCL calls, describe, memory
@@ -24,6 +25,11 @@
 #include "nccl_work.h"
 
 namespace comms::nccl {
+
+// Whether `stream` is capturing a CUDA graph (*capturing), or why an op
+// cannot be issued on it (an invalidated capture, the legacy stream while
+// another stream captures).
+Status capture_state(NcclApi& api, cudaStream_t stream, bool* capturing);
 
 class Core {
  public:
@@ -54,6 +60,12 @@ class Core {
 
   // --- ops (nccl_enqueue.cc) ---
   Status submit_locked(const plugin::OpDesc& op, std::shared_ptr<WorkState>* out_work);
+
+  // --- ops inside CUDA graph capture (nccl_capture.cc) ---
+  // Enqueues the op's NCCL calls on `stream`, which is capturing: nothing
+  // the watchdog tracks, no events. Refuses (nothing enqueued) an
+  // uninitialised or failed comm.
+  Status submit_captured_locked(const plugin::OpDesc& op, cudaStream_t stream);
 
   // --- completion, timeouts, failure (nccl_work.cc) ---
   // Marks `w` done if its event fired, or fails the comm if it is past its
@@ -102,7 +114,7 @@ class Core {
   NcclConfigFields effective_fields() const {
     return plugin_config_fields(hints_.config, init_.comm_name);
   }
-  Status enqueue_locked(const plugin::OpDesc& op, Clock::time_point deadline);
+  Status enqueue_locked(const plugin::OpDesc& op, Clock::time_point deadline, cudaStream_t stream);
 
   std::shared_ptr<NcclApi> api_;
   plugin::BackendInit init_;

@@ -350,12 +350,12 @@ static_assert(launches_in_op_type_order(),
 
 }  // namespace
 
-Status Core::enqueue_locked(const OpDesc& op, Clock::time_point deadline) {
+Status Core::enqueue_locked(const OpDesc& op, Clock::time_point deadline, cudaStream_t stream) {
   const Launch l{*this,
                  *api_,
                  op,
                  comm_,
-                 stream_,
+                 stream,
                  scratch_,
                  init_.rank,
                  init_.size,
@@ -389,7 +389,7 @@ Status Core::submit_locked(const OpDesc& op, std::shared_ptr<WorkState>* out_wor
   if (cudaError_t e = api_->stream_wait_event(stream_, caller_ready_); e != cudaSuccess) {
     return cuda_status(*api_, e, "cudaStreamWaitEvent on the internal stream");
   }
-  if (Status s = enqueue_locked(op, deadline); !s.is_ok()) {
+  if (Status s = enqueue_locked(op, deadline, stream_); !s.is_ok()) {
     if (s.code == ErrorCode::kTimeout || s.code == ErrorCode::kPeerFailure ||
         s.code == ErrorCode::kInternal) {
       fail_locked(s, nullptr);

@@ -99,6 +99,19 @@ class NcclWork final : public plugin::Work {
   cudaStream_t caller_;
 };
 
+// An op recorded into a CUDA graph: it runs at each launch of the graph,
+// which the host does not track. kStream waits are no-ops (the op is on the
+// caller's stream); a blocking wait is refused instead of hanging.
+class CapturedWork final : public plugin::Work {
+ public:
+  explicit CapturedWork(plugin::OpType type) : type_(type) {}
+  bool is_completed() override;
+  Status wait(WaitMode mode) override;
+
+ private:
+  plugin::OpType type_;
+};
+
 // Polls the comm every `interval` (Core::poll_locked) until stopped.
 class Watchdog {
  public:

@@ -157,10 +157,14 @@ TEST_F(NcclBackendTest, DescribeReportsEffectiveConfigPriorityDeviceAndVersion) 
   EXPECT_EQ(j["initialized"], true);
 }
 
+// libcomms calls init() right before a lazy comm's first op; the plugin
+// connects in that op's submit, where it can see a capturing stream.
 TEST_F(NcclBackendTest, FirstOpInitializesALazyComm) {
   BackendInit init = make_init();
   init.eager = false;
   auto b = make(init);
+  ASSERT_TRUE(b->init().is_ok());
+  EXPECT_TRUE(api->call_names().empty());
   std::unique_ptr<plugin::Work> w;
   Status s = b->submit(op(OpType::kAllReduce), &w);
   ASSERT_TRUE(s.is_ok()) << s.message;
@@ -693,6 +697,8 @@ TEST_F(NcclBackendTest, HintsChangeBeforeInitButAreFixedOnceTheCommExists) {
   auto b = make(init);
   ASSERT_TRUE(b->set_hints({{"max_ctas", "8"}}).is_ok());
   ASSERT_TRUE(b->init().is_ok());
+  std::unique_ptr<plugin::Work> w;
+  ASSERT_TRUE(b->submit(op(OpType::kAllReduce), &w).is_ok());  // connects
   {
     auto l = api->lock();
     EXPECT_EQ(api->init_configs[0].config.maxCTAs, 8);

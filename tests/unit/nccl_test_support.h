@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,18 @@ struct NcclCall {
   ncclDataType_t dtype = ncclInt8;
   ncclRedOp_t op = ncclSum;
   int root_or_peer = -1;
+  cudaStream_t stream = nullptr;
+  bool captured = false;  // recorded into a graph instead of running
+};
+
+// What a fake CUDA graph holds, in capture order: NCCL calls, event records
+// and memsets, each replayed by graph_launch.
+struct GraphNode {
+  NcclCall call;  // name "event_record" / "memset" for those nodes
+  cudaEvent_t event = nullptr;
+  void* ptr = nullptr;
+  int value = 0;
+  size_t bytes = 0;
 };
 
 class FakeNcclApi final : public NcclApi {
@@ -51,12 +65,19 @@ class FakeNcclApi final : public NcclApi {
   ncclResult_t async_error = ncclSuccess;
   ncclResult_t destroy_result = ncclSuccess;
   bool events_complete_on_record = true;
+  // NCCL calls that run (eagerly, or when their graph is launched) move data
+  // as on one rank: output = input (count elements of dtype), so that a test
+  // with host buffers can check that each replay really ran the op.
+  bool move_data = false;
   // cudaMemGetInfo per device (indexed by device); mem_info_error fails it.
   std::vector<size_t> mem_total, mem_free;
   cudaError_t mem_info_error = cudaSuccess;
 
   // --- observations ---
   std::vector<NcclCall> calls;
+  // The NCCL calls that ran: eager ones when called, captured ones per launch.
+  std::vector<NcclCall> executed;
+  int graphs_launched = 0, graphs_destroyed = 0, graph_execs_destroyed = 0;
   std::vector<CapturedConfig> init_configs;
   std::vector<CapturedConfig> split_configs;
   std::vector<std::pair<int, int>> split_color_key;
@@ -179,44 +200,50 @@ class FakeNcclApi final : public NcclApi {
     return ncclSuccess;
   }
   ncclResult_t all_reduce(const void* in, void* out, size_t n, ncclDataType_t dt, ncclRedOp_t op,
-                          ncclComm_t, cudaStream_t) override {
-    return op_call("all_reduce", in, out, n, dt, op, -1);
+                          ncclComm_t,
+                    cudaStream_t s) override {
+    return op_call("all_reduce", in, out, n, dt, op, -1, s);
   }
   ncclResult_t reduce(const void* in, void* out, size_t n, ncclDataType_t dt, ncclRedOp_t op,
-                      int root, ncclComm_t, cudaStream_t) override {
-    return op_call("reduce", in, out, n, dt, op, root);
+                      int root, ncclComm_t,
+                    cudaStream_t s) override {
+    return op_call("reduce", in, out, n, dt, op, root, s);
   }
   ncclResult_t broadcast(const void* in, void* out, size_t n, ncclDataType_t dt, int root,
-                         ncclComm_t, cudaStream_t) override {
-    return op_call("broadcast", in, out, n, dt, ncclSum, root);
+                         ncclComm_t,
+                    cudaStream_t s) override {
+    return op_call("broadcast", in, out, n, dt, ncclSum, root, s);
   }
   ncclResult_t all_gather(const void* in, void* out, size_t n, ncclDataType_t dt, ncclComm_t,
-                          cudaStream_t) override {
-    return op_call("all_gather", in, out, n, dt, ncclSum, -1);
+                    cudaStream_t s) override {
+    return op_call("all_gather", in, out, n, dt, ncclSum, -1, s);
   }
   ncclResult_t reduce_scatter(const void* in, void* out, size_t n, ncclDataType_t dt,
-                              ncclRedOp_t op, ncclComm_t, cudaStream_t) override {
-    return op_call("reduce_scatter", in, out, n, dt, op, -1);
+                              ncclRedOp_t op, ncclComm_t,
+                    cudaStream_t s) override {
+    return op_call("reduce_scatter", in, out, n, dt, op, -1, s);
   }
   ncclResult_t all_to_all(const void* in, void* out, size_t n, ncclDataType_t dt, ncclComm_t,
-                          cudaStream_t) override {
-    return op_call("all_to_all", in, out, n, dt, ncclSum, -1);
+                    cudaStream_t s) override {
+    return op_call("all_to_all", in, out, n, dt, ncclSum, -1, s);
   }
   ncclResult_t gather(const void* in, void* out, size_t n, ncclDataType_t dt, int root,
-                      ncclComm_t, cudaStream_t) override {
-    return op_call("gather", in, out, n, dt, ncclSum, root);
+                      ncclComm_t,
+                    cudaStream_t s) override {
+    return op_call("gather", in, out, n, dt, ncclSum, root, s);
   }
   ncclResult_t scatter(const void* in, void* out, size_t n, ncclDataType_t dt, int root,
-                       ncclComm_t, cudaStream_t) override {
-    return op_call("scatter", in, out, n, dt, ncclSum, root);
+                       ncclComm_t,
+                    cudaStream_t s) override {
+    return op_call("scatter", in, out, n, dt, ncclSum, root, s);
   }
   ncclResult_t send(const void* buf, size_t n, ncclDataType_t dt, int peer, ncclComm_t,
-                    cudaStream_t) override {
-    return op_call("send", buf, nullptr, n, dt, ncclSum, peer);
+                    cudaStream_t s) override {
+    return op_call("send", buf, nullptr, n, dt, ncclSum, peer, s);
   }
   ncclResult_t recv(void* buf, size_t n, ncclDataType_t dt, int peer, ncclComm_t,
-                    cudaStream_t) override {
-    return op_call("recv", nullptr, buf, n, dt, ncclSum, peer);
+                    cudaStream_t s) override {
+    return op_call("recv", nullptr, buf, n, dt, ncclSum, peer, s);
   }
 
   cudaError_t get_device_count(int* n) override { *n = device_count; return cudaSuccess; }
@@ -273,24 +300,60 @@ class FakeNcclApi final : public NcclApi {
     events_.erase(e);
     return cudaSuccess;
   }
-  cudaError_t event_record(cudaEvent_t e, cudaStream_t) override {
+  cudaError_t event_record(cudaEvent_t e, cudaStream_t s) override {
     std::lock_guard l(mu_);
+    if (Capture* c = capture_of(s)) {
+      if (c->status != cudaStreamCaptureStatusActive) return cudaErrorStreamCaptureInvalidated;
+      GraphNode n;
+      n.call.name = "event_record";
+      n.call.stream = s;
+      n.event = e;
+      add_node(*c, s, n);
+      captured_events_[e] = {c->id, s, c->nodes_on[s]};
+      return cudaSuccess;
+    }
+    captured_events_.erase(e);
     events_[e] = events_complete_on_record;
     return cudaSuccess;
   }
+  // As CUDA: an event last recorded in a capture cannot be queried; doing so
+  // is an error that invalidates that capture.
   cudaError_t event_query(cudaEvent_t e) override {
     std::lock_guard l(mu_);
+    if (auto c = captured_events_.find(e); c != captured_events_.end()) {
+      invalidate(c->second.capture_id);
+      return cudaErrorCapturedEvent;
+    }
     auto it = events_.find(e);
     if (it == events_.end()) return cudaErrorInvalidResourceHandle;
     return it->second ? cudaSuccess : cudaErrorNotReady;
   }
+  // Waiting on an event recorded in a capture pulls `s` into that capture
+  // (a fork); the origin waiting on an event recorded after a forked
+  // stream's last node joins that stream back.
   cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) override {
     std::lock_guard l(mu_);
     stream_waits.emplace_back(s, e);
+    auto ce = captured_events_.find(e);
+    if (ce == captured_events_.end()) return cudaSuccess;
+    auto cap = captures_by_id_.find(ce->second.capture_id);
+    if (cap == captures_by_id_.end()) return cudaSuccess;  // that capture ended
+    Capture& c = *cap->second;
+    if (Capture* mine = capture_of(s); mine && mine != &c) return cudaErrorStreamCaptureIsolation;
+    capturing_[s] = cap->second;
+    if (ce->second.stream != s && c.nodes_on[ce->second.stream] == ce->second.nodes_before) {
+      c.unjoined.erase(ce->second.stream);
+    }
     return cudaSuccess;
   }
+  // cudaMalloc is not allowed while a stream captures (global mode): it
+  // fails and invalidates every capture.
   cudaError_t malloc_device(void** p, size_t) override {
     std::lock_guard l(mu_);
+    if (!captures_by_id_.empty()) {
+      for (auto& [id, c] : captures_by_id_) c->status = cudaStreamCaptureStatusInvalidated;
+      return cudaErrorStreamCaptureUnsupported;
+    }
     *p = reinterpret_cast<void*>(next_handle_++);
     return cudaSuccess;
   }
@@ -299,7 +362,18 @@ class FakeNcclApi final : public NcclApi {
     ++frees;
     return cudaSuccess;
   }
-  cudaError_t memset_async(void*, int, size_t, cudaStream_t) override { return cudaSuccess; }
+  cudaError_t memset_async(void* p, int value, size_t bytes, cudaStream_t s) override {
+    std::lock_guard l(mu_);
+    GraphNode n;
+    n.call.name = "memset";
+    n.call.stream = s;
+    n.ptr = p, n.value = value, n.bytes = bytes;
+    if (Capture* c = capture_of(s)) {
+      if (c->status != cudaStreamCaptureStatusActive) return cudaErrorStreamCaptureInvalidated;
+      add_node(*c, s, n);
+    }
+    return cudaSuccess;
+  }
   cudaError_t mem_get_info(size_t* free_bytes, size_t* total_bytes) override {
     std::lock_guard l(mu_);
     if (mem_info_error != cudaSuccess) return mem_info_error;
@@ -310,6 +384,88 @@ class FakeNcclApi final : public NcclApi {
     return cudaSuccess;
   }
   const char* cuda_error_string(cudaError_t) override { return "fake cuda error"; }
+
+  // --- CUDA graphs, as cudaStreamBeginCapture & co. answer ---
+  cudaError_t stream_capture_info(cudaStream_t s, cudaStreamCaptureStatus* status,
+                                  unsigned long long* id) override {
+    std::lock_guard l(mu_);
+    ++capture_queries;
+    Capture* c = capture_of(s);
+    *status = c ? c->status : cudaStreamCaptureStatusNone;
+    if (id) *id = c ? c->id : 0;
+    return cudaSuccess;
+  }
+  cudaError_t stream_begin_capture(cudaStream_t s, cudaStreamCaptureMode) override {
+    std::lock_guard l(mu_);
+    if (s == nullptr) return cudaErrorStreamCaptureUnsupported;  // the legacy stream
+    if (capture_of(s)) return cudaErrorIllegalState;
+    auto c = std::make_shared<Capture>();
+    c->id = ++last_capture_id_;
+    c->origin = s;
+    capturing_[s] = c;
+    captures_by_id_[c->id] = c;
+    return cudaSuccess;
+  }
+  cudaError_t stream_end_capture(cudaStream_t s, cudaGraph_t* graph) override {
+    std::lock_guard l(mu_);
+    *graph = nullptr;
+    Capture* c = capture_of(s);
+    if (!c || c->origin != s) return cudaErrorIllegalState;
+    const std::shared_ptr<Capture> ended = capturing_[s];
+    std::erase_if(capturing_, [&](const auto& kv) { return kv.second == ended; });
+    captures_by_id_.erase(ended->id);
+    if (ended->status != cudaStreamCaptureStatusActive) return cudaErrorStreamCaptureInvalidated;
+    if (!ended->unjoined.empty()) return cudaErrorStreamCaptureUnjoined;
+    *graph = reinterpret_cast<cudaGraph_t>(next_handle_++);
+    graphs_[*graph] = ended->nodes;
+    return cudaSuccess;
+  }
+  cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) override {
+    std::lock_guard l(mu_);
+    auto it = graphs_.find(graph);
+    if (it == graphs_.end()) return cudaErrorInvalidValue;
+    *exec = reinterpret_cast<cudaGraphExec_t>(next_handle_++);
+    execs_[*exec] = it->second;
+    return cudaSuccess;
+  }
+  // Runs every node in order, as a launch on a stream that is not capturing.
+  cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t s) override {
+    std::lock_guard l(mu_);
+    auto it = execs_.find(exec);
+    if (it == execs_.end()) return cudaErrorInvalidValue;
+    if (capture_of(s)) return cudaErrorStreamCaptureUnsupported;  // not modelled
+    ++graphs_launched;
+    for (const GraphNode& n : it->second) {
+      if (n.call.name == "event_record") {
+        events_[n.event] = events_complete_on_record;
+      } else if (n.call.name == "memset") {
+        if (move_data) std::memset(n.ptr, n.value, n.bytes);
+      } else {
+        execute(n.call);
+      }
+    }
+    return cudaSuccess;
+  }
+  cudaError_t graph_exec_destroy(cudaGraphExec_t exec) override {
+    std::lock_guard l(mu_);
+    graph_execs_destroyed += static_cast<int>(execs_.erase(exec));
+    return cudaSuccess;
+  }
+  cudaError_t graph_destroy(cudaGraph_t graph) override {
+    std::lock_guard l(mu_);
+    graphs_destroyed += static_cast<int>(graphs_.erase(graph));
+    return cudaSuccess;
+  }
+  // Synchronizing a capturing stream is an error that invalidates its capture.
+  cudaError_t stream_synchronize(cudaStream_t s) override {
+    std::lock_guard l(mu_);
+    if (Capture* c = capture_of(s)) {
+      c->status = cudaStreamCaptureStatusInvalidated;
+      return cudaErrorStreamCaptureUnsupported;
+    }
+    return cudaSuccess;
+  }
+  std::atomic<int> capture_queries{0};
 
  private:
   static CapturedConfig capture(const ncclConfig_t& c) {
@@ -324,18 +480,81 @@ class FakeNcclApi final : public NcclApi {
   ncclComm_t next_comm() { return reinterpret_cast<ncclComm_t>(next_handle_++); }
   void record(const char* name) { calls.push_back(NcclCall{name}); }
   ncclResult_t op_call(const char* name, const void* in, const void* out, size_t n,
-                       ncclDataType_t dt, ncclRedOp_t op, int root) {
+                       ncclDataType_t dt, ncclRedOp_t op, int root, cudaStream_t s) {
     std::lock_guard l(mu_);
-    calls.push_back(NcclCall{name, in, out, n, dt, op, root});
+    NcclCall call{name, in, out, n, dt, op, root, s};
+    Capture* c = capture_of(s);
+    call.captured = c != nullptr;
+    calls.push_back(call);
     // NCCL refuses a call on a communicator whose last operation is still in
     // progress ("Attempt to use communicator before the previous operation
     // returned ncclSuccess").
-    return pending_ != 0 ? ncclInvalidArgument : ncclSuccess;
+    if (pending_ != 0) return ncclInvalidArgument;
+    if (c) {
+      // Launching into an invalidated capture fails in CUDA; NCCL says so.
+      if (c->status != cudaStreamCaptureStatusActive) return ncclUnhandledCudaError;
+      GraphNode node;
+      node.call = call;
+      add_node(*c, s, node);
+      return ncclSuccess;
+    }
+    execute(call);
+    return ncclSuccess;
+  }
+  // One rank's effect of a call: output = input.
+  void execute(NcclCall call) {
+    call.captured = false;
+    executed.push_back(call);
+    if (move_data && call.in && call.out && call.in != call.out) {
+      std::memmove(const_cast<void*>(call.out), call.in, call.count * type_size(call.dtype));
+    }
+  }
+  static size_t type_size(ncclDataType_t dt) {
+    switch (dt) {
+      case ncclInt8: case ncclUint8: return 1;
+      case ncclFloat16: case ncclBfloat16: return 2;
+      case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+      default: return 8;
+    }
+  }
+
+  struct Capture {
+    unsigned long long id = 0;
+    cudaStream_t origin = nullptr;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+    std::vector<GraphNode> nodes;
+    std::map<cudaStream_t, size_t> nodes_on;  // per stream in the capture
+    std::set<cudaStream_t> unjoined;          // forked streams with work not joined back
+  };
+  struct CapturedEvent {
+    unsigned long long capture_id;
+    cudaStream_t stream;
+    size_t nodes_before;  // nodes on `stream` when it was recorded
+  };
+  Capture* capture_of(cudaStream_t s) {
+    auto it = capturing_.find(s);
+    return it == capturing_.end() ? nullptr : it->second.get();
+  }
+  void add_node(Capture& c, cudaStream_t s, const GraphNode& n) {
+    c.nodes.push_back(n);
+    ++c.nodes_on[s];
+    if (s != c.origin) c.unjoined.insert(s);
+  }
+  void invalidate(unsigned long long id) {
+    if (auto it = captures_by_id_.find(id); it != captures_by_id_.end()) {
+      it->second->status = cudaStreamCaptureStatusInvalidated;
+    }
   }
 
   std::mutex mu_;
   std::map<cudaEvent_t, bool> events_;
   std::map<cudaStream_t, size_t> stream_handles_;  // index into stream_priorities
+  std::map<cudaStream_t, std::shared_ptr<Capture>> capturing_;  // every stream in a capture
+  std::map<unsigned long long, std::shared_ptr<Capture>> captures_by_id_;
+  std::map<cudaEvent_t, CapturedEvent> captured_events_;
+  std::map<cudaGraph_t, std::vector<GraphNode>> graphs_;
+  std::map<cudaGraphExec_t, std::vector<GraphNode>> execs_;
+  unsigned long long last_capture_id_ = 0;
   int pending_ = 0;
   ncclComm_t* deferred_child_ = nullptr;  // the split's output, written once the parent settles
   uintptr_t next_handle_ = 0x1000;
