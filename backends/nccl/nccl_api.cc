@@ -114,6 +114,14 @@ class RealNcclApi final : public NcclApi {
                     cudaStream_t s) override {
     return ncclRecv(buf, n, dt, peer, comm, s);
   }
+  ncclResult_t comm_register(ncclComm_t comm, void* buf, size_t bytes, void** handle) override {
+    return ncclCommRegister(comm, buf, bytes, handle);
+  }
+  ncclResult_t comm_deregister(ncclComm_t comm, void* handle) override {
+    return ncclCommDeregister(comm, handle);
+  }
+  ncclResult_t nccl_alloc(void** ptr, size_t bytes) override { return ncclMemAlloc(ptr, bytes); }
+  ncclResult_t nccl_free(void* ptr) override { return ncclMemFree(ptr); }
 
   cudaError_t get_device_count(int* n) override { return cudaGetDeviceCount(n); }
   cudaError_t get_device(int* d) override { return cudaGetDevice(d); }

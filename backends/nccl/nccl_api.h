@@ -55,6 +55,11 @@ class NcclApi {
                             ncclComm_t comm, cudaStream_t s) = 0;
   virtual ncclResult_t recv(void* buf, size_t count, ncclDataType_t dt, int peer,
                             ncclComm_t comm, cudaStream_t s) = 0;
+  // Registered buffers (NCCL >= 2.19, checked at run time by the caller).
+  virtual ncclResult_t comm_register(ncclComm_t comm, void* buf, size_t bytes, void** handle) = 0;
+  virtual ncclResult_t comm_deregister(ncclComm_t comm, void* handle) = 0;
+  virtual ncclResult_t nccl_alloc(void** ptr, size_t bytes) = 0;
+  virtual ncclResult_t nccl_free(void* ptr) = 0;
 
   // CUDA
   virtual cudaError_t get_device_count(int* count) = 0;

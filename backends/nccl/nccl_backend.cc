@@ -77,6 +77,15 @@ class NcclBackend final : public plugin::Backend {
 
   int64_t device_memory_used() const override { return core_->device_memory_used(); }
 
+  Status register_buffer(void* data, size_t bytes, void** handle) override {
+    std::lock_guard lock(core_->mu);
+    return core_->register_locked(data, bytes, handle);
+  }
+  Status deregister_buffer(void* handle) override {
+    std::lock_guard lock(core_->mu);
+    return core_->deregister_locked(handle);
+  }
+
  private:
   std::shared_ptr<Core> core_;
   NcclBackendOptions options_;

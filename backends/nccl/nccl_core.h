@@ -4,6 +4,7 @@
 //   nccl_bootstrap.cc  unique id exchange, communicator init and split
 //   nccl_enqueue.cc    submitting an op (one launch rule per op type)
 //   nccl_capture.cc    submitting an op into a CUDA graph being captured
+//   nccl_registration.cc  registered buffers (ncclCommRegister)
 //   nccl_work.cc       completion, deadlines and failure (the watchdog's round)
 //   nccl_teardown.cc   finalize, abort and destroy
 //   nccl_core.cc       construction, settling NCCL calls, describe, memory
@@ -16,7 +17,9 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "comms/plugin.h"
 #include "nccl_api.h"
@@ -30,6 +33,10 @@ namespace comms::nccl {
 // cannot be issued on it (an invalidated capture, the legacy stream while
 // another stream captures).
 Status capture_state(NcclApi& api, cudaStream_t stream, bool* capturing);
+
+// The descriptor's mem_alloc/mem_free: ncclMemAlloc/ncclMemFree on `device`.
+Status nccl_mem_alloc(NcclApi& api, Device device, size_t bytes, void** ptr);
+Status nccl_mem_free(NcclApi& api, Device device, void* ptr);
 
 class Core {
  public:
@@ -66,6 +73,14 @@ class Core {
   // the watchdog tracks, no events. Refuses (nothing enqueued) an
   // uninitialised or failed comm.
   Status submit_captured_locked(const plugin::OpDesc& op, cudaStream_t stream);
+
+  // --- registered buffers (nccl_registration.cc) ---
+  Status register_locked(void* data, size_t bytes, void** handle);
+  Status deregister_locked(void* handle);
+  // Deregisters every handle still registered (before finalize); errors
+  // are appended to `errors`.
+  void deregister_all_locked(std::vector<std::string>* errors);
+  size_t registered_count_locked() const { return registered_.size(); }
 
   // --- completion, timeouts, failure (nccl_work.cc) ---
   // Marks `w` done if its event fired, or fails the comm if it is past its
@@ -131,6 +146,7 @@ class Core {
   cudaEvent_t caller_ready_ = nullptr;
   void* scratch_ = nullptr;
   std::deque<std::shared_ptr<WorkState>> outstanding_;
+  std::set<void*> registered_;  // ncclCommRegister handles on comm_
   std::shared_ptr<EventPool> events_;
   Status failure_;
   std::atomic<bool> abort_requested_{false};

@@ -6,6 +6,7 @@
 #include "comms/plugin.h"
 #include "nccl_api.h"
 #include "nccl_backend.h"
+#include "nccl_core.h"
 
 namespace {
 
@@ -34,6 +35,14 @@ comms::Status explain(const comms::Hints& hints, std::string* json) {
   }
 }
 
+comms::Status mem_alloc(comms::Device device, size_t bytes, void** ptr) {
+  return comms::nccl::nccl_mem_alloc(*comms::nccl::real_nccl_api(), device, bytes, ptr);
+}
+
+comms::Status mem_free(comms::Device device, void* ptr) {
+  return comms::nccl::nccl_mem_free(*comms::nccl::real_nccl_api(), device, ptr);
+}
+
 const std::string& linked_version() {
   static const std::string version = [] {
     int code = 0;
@@ -55,6 +64,9 @@ comms_plugin_entry() {
       .create = create,
       .device_count = cuda_device_count,
       .explain_hints = explain,
+      .features = comms::plugin::kFeatureRegisterBuffers | comms::plugin::kFeatureMemAlloc,
+      .mem_alloc = mem_alloc,
+      .mem_free = mem_free,
   };
   return &descriptor;
 }

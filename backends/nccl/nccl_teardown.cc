@@ -10,6 +10,9 @@ Status Core::release_locked(bool graceful) {
   std::vector<std::string> errors;
   if (comm_) {
     DeviceGuard guard(*api_, device_);
+    // Handles the caller left registered; an abort releases them with the comm.
+    if (graceful) deregister_all_locked(&errors);
+    registered_.clear();
     if (graceful) {
       const auto deadline = Clock::now() + op_timeout_;
       ncclResult_t r = api_->comm_finalize(comm_);

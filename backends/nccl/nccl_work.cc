@@ -76,6 +76,7 @@ void Core::fail_locked(Status cause, WorkState* culprit) {
       log(3, std::string("ncclCommAbort failed: ") + api_->error_string(r));
     }
     comm_ = nullptr;
+    registered_.clear();  // released with the aborted communicator
   }
   log(3, cause.message);
   if (init_.abort_process_on_error && cause.code != ErrorCode::kAborted) {

@@ -84,8 +84,10 @@
 
 // 2.0: the first growable ABI (1 had no struct_size and no minor).
 // 2.1: PluginDescriptor::capabilities.
+// 2.2: registered buffers (Backend::register_buffer/deregister_buffer,
+//      PluginDescriptor::features, mem_alloc, mem_free; issue 27).
 #define COMMS_PLUGIN_ABI_MAJOR 2u
-#define COMMS_PLUGIN_ABI_MINOR 1u
+#define COMMS_PLUGIN_ABI_MINOR 2u
 #define COMMS_PLUGIN_ABI_VERSION ((COMMS_PLUGIN_ABI_MAJOR << 16) | COMMS_PLUGIN_ABI_MINOR)
 #define COMMS_PLUGIN_ENTRY_SYMBOL "comms_plugin_entry"
 // Put on comms_plugin_entry: plugins are built with hidden visibility.
@@ -240,6 +242,20 @@ class Backend {
   // asked between finalize() and the destructor, so it must not need what
   // finalize released.
   virtual int64_t device_memory_used() const { return -1; }
+
+  // ---- ABI 2.2: registered buffers (issue 27; renumber with this block) ----
+  // Called only on plugins of minor >= 2 whose descriptor claims
+  // kFeatureRegisterBuffers. Registers [data, data + bytes) with the
+  // backend's library for this comm (NCCL: ncclCommRegister) and returns its
+  // handle. The backend releases handles still registered at finalize() and
+  // in its destructor; libcomms deregisters them first.
+  virtual Status register_buffer(void* /*data*/, size_t /*bytes*/, void** /*handle*/) {
+    return {ErrorCode::kUnsupported, "this backend cannot register buffers"};
+  }
+  virtual Status deregister_buffer(void* /*handle*/) {
+    return {ErrorCode::kUnsupported, "this backend cannot register buffers"};
+  }
+  // ---- end of ABI 2.2 ----
 };
 
 constexpr uint32_t op_bit(OpType t) { return 1u << static_cast<unsigned>(t); }
@@ -289,8 +305,21 @@ struct PluginDescriptor {
   // or a plugin of ABI 2.0) claims everything.
   const Capabilities* capabilities = nullptr;
 
+  // ---- ABI 2.2: registered buffers (issue 27; renumber with this block) ----
+  // kFeature* bits; absent (0): none.
+  uint32_t features = 0;
+  // Device memory the backend's library prefers for registered buffers
+  // (NCCL: ncclMemAlloc), and its release. Need no backend instance.
+  Status (*mem_alloc)(Device device, size_t bytes, void** ptr) = nullptr;
+  Status (*mem_free)(Device device, void* ptr) = nullptr;
+  // ---- end of ABI 2.2 ----
+
   // Append new entries here.
 };
+
+// ABI 2.2 PluginDescriptor::features bits.
+inline constexpr uint32_t kFeatureRegisterBuffers = 1u << 0;  // Backend::register_buffer works
+inline constexpr uint32_t kFeatureMemAlloc = 1u << 1;         // mem_alloc/mem_free are set
 
 // The smallest struct_size libcomms accepts: through the required entries.
 inline constexpr uint32_t kMinDescriptorSize =

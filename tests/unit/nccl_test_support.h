@@ -77,6 +77,9 @@ class FakeNcclApi final : public NcclApi {
   std::vector<NcclCall> calls;
   // The NCCL calls that ran: eager ones when called, captured ones per launch.
   std::vector<NcclCall> executed;
+  // Live ncclCommRegister handles (buffer, bytes) and ncclMemAlloc blocks.
+  std::map<void*, std::pair<void*, size_t>> registrations;
+  std::map<void*, size_t> allocations;
   int graphs_launched = 0, graphs_destroyed = 0, graph_execs_destroyed = 0;
   std::vector<CapturedConfig> init_configs;
   std::vector<CapturedConfig> split_configs;
@@ -244,6 +247,28 @@ class FakeNcclApi final : public NcclApi {
   ncclResult_t recv(void* buf, size_t n, ncclDataType_t dt, int peer, ncclComm_t,
                     cudaStream_t s) override {
     return op_call("recv", nullptr, buf, n, dt, ncclSum, peer, s);
+  }
+  ncclResult_t comm_register(ncclComm_t, void* buf, size_t bytes, void** handle) override {
+    std::lock_guard l(mu_);
+    record("comm_register");
+    *handle = reinterpret_cast<void*>(next_handle_++);
+    registrations[*handle] = {buf, bytes};
+    return ncclSuccess;
+  }
+  ncclResult_t comm_deregister(ncclComm_t, void* handle) override {
+    std::lock_guard l(mu_);
+    record("comm_deregister");
+    return registrations.erase(handle) ? ncclSuccess : ncclInvalidArgument;
+  }
+  ncclResult_t nccl_alloc(void** ptr, size_t bytes) override {
+    std::lock_guard l(mu_);
+    *ptr = reinterpret_cast<void*>(next_handle_++);
+    allocations[*ptr] = bytes;
+    return ncclSuccess;
+  }
+  ncclResult_t nccl_free(void* ptr) override {
+    std::lock_guard l(mu_);
+    return allocations.erase(ptr) ? ncclSuccess : ncclInvalidArgument;
   }
 
   cudaError_t get_device_count(int* n) override { *n = device_count; return cudaSuccess; }
