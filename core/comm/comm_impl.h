@@ -18,6 +18,7 @@
 #include "comms/bootstrap.h"
 #include "comms/comm.h"
 #include "comms/plugin.h"
+#include "comms/registration.h"
 #include "comm/plugin_call.h"
 #include "bootstrap/init_progress.h"
 #include "plugins/plugin_registry.h"
@@ -166,6 +167,15 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   Hints hints() const;
   BackendState state(DeviceType t) const;
   bool is_failed() const;
+
+  // ---- registered buffers (registration.cc; issue 27) ----
+  bool can_register(DeviceType t) const;
+  std::shared_ptr<detail::Registration> register_buffer(BufferView buffer);
+  // Deregisters unless the backend that registered it is gone.
+  void deregister_buffer(detail::Registration& r);
+  bool registration_live(const detail::Registration& r) const;
+  const internal::LoadedPlugin& plugin_serving(DeviceType t, std::string_view op) const;
+  // ---- end of registered buffers ----
 
  private:
   plugin::BackendInit init_for(DeviceType t) const;

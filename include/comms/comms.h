@@ -9,6 +9,7 @@
 #include "comms/dist.h"
 #include "comms/lifecycle.h"
 #include "comms/parallel.h"
+#include "comms/registration.h"
 #include "comms/error.h"
 #include "comms/info.h"
 #include "comms/options.h"

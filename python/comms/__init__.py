@@ -7,7 +7,9 @@
 
 See docs/PYTHON.md for the whole API.
 """
-from ._comms import Comm, Error, Work, format_hints, new_comm, parse_hints
+from ._comms import (Comm, Error, RegisteredBuffer, Work, can_register_buffers, format_hints, new_comm,
+                     parse_hints, register_buffer)
 from . import dist, parallel
 
-__all__ = ["Comm", "Error", "Work", "dist", "format_hints", "new_comm", "parallel", "parse_hints"]
+__all__ = ["Comm", "Error", "RegisteredBuffer", "Work", "can_register_buffers", "dist", "format_hints", "new_comm",
+           "parallel", "parse_hints", "register_buffer"]

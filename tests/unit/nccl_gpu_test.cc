@@ -161,6 +161,8 @@ class NcclGpu : public NcclPlugin {
   static inline uint64_t seq_ = 0;
 };
 
+using NcclGpuGraphs = NcclGpu;
+
 struct DeviceBuffer {
   explicit DeviceBuffer(size_t bytes) { EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess); }
   ~DeviceBuffer() { cudaFree(ptr); }
@@ -362,6 +364,120 @@ TEST_F(NcclGpu, FinalizeReleasesDeviceMemoryAcrossCycles) {
   CUDA_OK(cudaMemGetInfo(&free_after, &total));
   // Allow for allocator granularity; a leaked communicator costs far more.
   EXPECT_LT(static_cast<long long>(free_before) - static_cast<long long>(free_after), 64ll << 20);
+}
+
+// ---- CUDA graphs and registered buffers (issue 27) -------------------------
+
+// Captures the op (synchronous, on `stream`) and returns the instantiated graph.
+cudaGraphExec_t capture(Backend& b, cudaStream_t stream, OpDesc o) {
+  cudaGraphExec_t exec = nullptr;
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  o.stream = stream;
+  o.async = false;
+  std::unique_ptr<comms::plugin::Work> w;
+  Status s = b.submit(o, &w);
+  EXPECT_TRUE(s.is_ok()) << s.message;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  if (graph) {
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphDestroy(graph);
+  }
+  return exec;
+}
+
+// Each replay runs on fresh input: the host writes replay-specific values,
+// the graph reduces them, and the output must hold exactly those.
+void replay_and_check(cudaGraphExec_t exec, cudaStream_t stream, void* in, void* out, size_t n, int replays) {
+  std::vector<float> host(n), back(n);
+  for (int r = 0; r < replays; ++r) {
+    for (size_t i = 0; i < n; ++i) host[i] = float(r) + float(i) * 0.25f;
+    CUDA_OK(cudaMemcpyAsync(in, host.data(), n * 4, cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaMemsetAsync(out, 0xff, n * 4, stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaMemcpyAsync(back.data(), out, n * 4, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    ASSERT_EQ(back, host) << "replay " << r;
+  }
+}
+
+TEST_F(NcclGpuGraphs, AllReduceCapturedInAGraphIsRightOnEachOf1000Replays) {
+  auto b = make();
+  ASSERT_NE(b, nullptr);
+  constexpr size_t n = 1024;
+  DeviceBuffer in(n * 4), out(n * 4);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraphExec_t exec = capture(*b, stream, desc(OpType::kAllReduce, n, DataType::kFloat32, in.ptr, out.ptr));
+  ASSERT_NE(exec, nullptr);
+  EXPECT_EQ(nlohmann::json::parse(b->describe())["ops_in_flight"], 0);
+  replay_and_check(exec, stream, in.ptr, out.ptr, n, 1000);
+  EXPECT_EQ(nlohmann::json::parse(b->describe())["ops_in_flight"], 0);  // the watchdog never saw them
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaStreamDestroy(stream));
+  EXPECT_TRUE(b->finalize().is_ok());
+}
+
+TEST_F(NcclGpuGraphs, CapturedAllReduceOnRegisteredNcclMemory) {
+  ASSERT_NE(d->mem_alloc, nullptr);
+  ASSERT_TRUE(d->features & comms::plugin::kFeatureRegisterBuffers);
+  auto b = make();
+  ASSERT_NE(b, nullptr);
+  constexpr size_t n = size_t{1} << 20;  // 4 MiB
+  void *in = nullptr, *out = nullptr;
+  ASSERT_TRUE(d->mem_alloc(Device::cuda(0), n * 4, &in).is_ok());
+  ASSERT_TRUE(d->mem_alloc(Device::cuda(0), n * 4, &out).is_ok());
+  void *hin = nullptr, *hout = nullptr;
+  Status s = b->register_buffer(in, n * 4, &hin);
+  ASSERT_TRUE(s.is_ok()) << s.message;
+  ASSERT_TRUE(b->register_buffer(out, n * 4, &hout).is_ok());
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraphExec_t exec = capture(*b, stream, desc(OpType::kAllReduce, n, DataType::kFloat32, in, out));
+  ASSERT_NE(exec, nullptr);
+  replay_and_check(exec, stream, in, out, n, 20);
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaStreamDestroy(stream));
+  EXPECT_TRUE(b->deregister_buffer(hin).is_ok());
+  EXPECT_TRUE(b->deregister_buffer(hout).is_ok());
+  EXPECT_TRUE(b->finalize().is_ok());
+  EXPECT_TRUE(d->mem_free(Device::cuda(0), in).is_ok());
+  EXPECT_TRUE(d->mem_free(Device::cuda(0), out).is_ok());
+}
+
+// Free memory returns to its level before the comm, its buffer and the
+// registration existed: after deregistering, and after a finalize (what an
+// offload runs) that found the registration left.
+TEST_F(NcclGpuGraphs, FreeMemoryComesBackAfterDeregistrationAndAfterFinalize) {
+  constexpr size_t bytes = size_t{256} << 20;
+  auto free_now = [] {
+    size_t free_bytes = 0, total = 0;
+    EXPECT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+    return static_cast<long long>(free_bytes);
+  };
+  {
+    auto warm = make();  // NCCL's first init keeps process-wide state
+    ASSERT_NE(warm, nullptr);
+    ASSERT_TRUE(warm->finalize().is_ok());
+  }
+  for (bool leave_registered : {false, true}) {
+    const long long before = free_now();
+    auto b = make();
+    ASSERT_NE(b, nullptr);
+    void* buf = nullptr;
+    ASSERT_TRUE(d->mem_alloc(Device::cuda(0), bytes, &buf).is_ok());
+    ASSERT_LT(free_now(), before - static_cast<long long>(bytes) / 2);  // the allocation shows
+    void* h = nullptr;
+    ASSERT_TRUE(b->register_buffer(buf, bytes, &h).is_ok());
+    if (!leave_registered) {
+      ASSERT_TRUE(b->deregister_buffer(h).is_ok());
+    }
+    ASSERT_TRUE(b->finalize().is_ok());
+    b.reset();
+    EXPECT_TRUE(d->mem_free(Device::cuda(0), buf).is_ok());
+    // Allocator granularity at most; a pinned 256 MiB buffer costs more.
+    EXPECT_LT(before - free_now(), 64ll << 20) << (leave_registered ? "left registered" : "deregistered");
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,10 @@ class FakeNcclApi final : public NcclApi {
   // as on one rank: output = input (count elements of dtype), so that a test
   // with host buffers can check that each replay really ran the op.
   bool move_data = false;
+  // Off: NCCL calls and stream waits are not recorded (calls, executed,
+  // stream_waits stay empty), so that measuring the plugin's per-op cost
+  // (nccl_op_cost) does not count the fake's growing logs.
+  bool record_calls = true;
   // cudaMemGetInfo per device (indexed by device); mem_info_error fails it.
   std::vector<size_t> mem_total, mem_free;
   cudaError_t mem_info_error = cudaSuccess;
@@ -358,7 +363,7 @@ class FakeNcclApi final : public NcclApi {
   // stream's last node joins that stream back.
   cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) override {
     std::lock_guard l(mu_);
-    stream_waits.emplace_back(s, e);
+    if (record_calls) stream_waits.emplace_back(s, e);
     auto ce = captured_events_.find(e);
     if (ce == captured_events_.end()) return cudaSuccess;
     auto cap = captures_by_id_.find(ce->second.capture_id);
@@ -510,7 +515,7 @@ class FakeNcclApi final : public NcclApi {
     NcclCall call{name, in, out, n, dt, op, root, s};
     Capture* c = capture_of(s);
     call.captured = c != nullptr;
-    calls.push_back(call);
+    if (record_calls) calls.push_back(call);
     // NCCL refuses a call on a communicator whose last operation is still in
     // progress ("Attempt to use communicator before the previous operation
     // returned ncclSuccess").
@@ -529,7 +534,7 @@ class FakeNcclApi final : public NcclApi {
   // One rank's effect of a call: output = input.
   void execute(NcclCall call) {
     call.captured = false;
-    executed.push_back(call);
+    if (record_calls) executed.push_back(call);
     if (move_data && call.in && call.out && call.in != call.out) {
       std::memmove(const_cast<void*>(call.out), call.in, call.count * type_size(call.dtype));
     }
@@ -572,7 +577,7 @@ class FakeNcclApi final : public NcclApi {
   }
 
   std::mutex mu_;
-  std::map<cudaEvent_t, bool> events_;
+  std::unordered_map<cudaEvent_t, bool> events_;
   std::map<cudaStream_t, size_t> stream_handles_;  // index into stream_priorities
   std::map<cudaStream_t, std::shared_ptr<Capture>> capturing_;  // every stream in a capture
   std::map<unsigned long long, std::shared_ptr<Capture>> captures_by_id_;

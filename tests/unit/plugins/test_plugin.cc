@@ -16,6 +16,9 @@
 //   use by others) until finalize; device_memory_used() reports the device.
 //   block_wait_ms=N: ops are async and their wait() blocks N ms; is_completed
 //   never blocks.
+//   register_buffer hands out handles counted across fakegpu backends
+//   ("registered" in describe()); finalize and the destructor drop those
+//   left, as a real backend releases them with its communicator.
 //   describe() says how many op calls (init, submit, supports_reduction) the
 //   process's fakegpu backends saw, so a test can show the core refused an op
 //   before any of them.
@@ -23,6 +26,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -44,6 +48,7 @@ const char* const kKeys[] = {"interface",   "min_ctas",      "fail_finalize", "l
 constexpr int64_t kOthersBytes = 1 << 20;
 std::atomic<int64_t> g_device_bytes{0};
 std::atomic<int> g_op_calls{0};
+std::atomic<int> g_registered{0};  // live register_buffer handles of every fakegpu backend
 
 std::string hint(const comms::Hints& h, const std::string& key) {
   auto it = h.find(key);
@@ -154,7 +159,8 @@ class FakeBackend : public comms::plugin::Backend {
   }
   std::string describe() const override {
     fault_at(init_.hints, "describe");
-    std::string j = "{\"fake\":true,\"op_calls\":" + std::to_string(g_op_calls.load()) + ",\"hints\":{";
+    std::string j = "{\"fake\":true,\"op_calls\":" + std::to_string(g_op_calls.load()) +
+                    ",\"registered\":" + std::to_string(g_registered.load()) + ",\"hints\":{";
     bool first = true;
     for (const auto& [k, v] : init_.hints) {
       j += (first ? "\"" : ",\"") + k + "\":\"" + v + "\"";
@@ -166,15 +172,29 @@ class FakeBackend : public comms::plugin::Backend {
     ++g_op_calls;
     return true;
   }
+  comms::Status register_buffer(void* data, size_t, void** handle) override {
+    *handle = static_cast<char*>(data) + 1;  // distinct from the buffer, as NCCL's are
+    if (!handles_.insert(*handle).second) return {comms::ErrorCode::kInvalidArgument, "registered twice"};
+    ++g_registered;
+    return {};
+  }
+  comms::Status deregister_buffer(void* handle) override {
+    if (handles_.erase(handle) == 0) return {comms::ErrorCode::kInvalidArgument, "fakegpu: unknown handle"};
+    --g_registered;
+    return {};
+  }
 
  private:
   void release() {
     g_device_bytes -= held_;
     held_ = 0;
+    g_registered -= static_cast<int>(handles_.size());
+    handles_.clear();
   }
 
   comms::plugin::BackendInit init_;
   int64_t held_ = 0;
+  std::set<void*> handles_;
 };
 
 comms::Status create(const comms::plugin::BackendInit& init, std::unique_ptr<comms::plugin::Backend>* out) {
@@ -193,6 +213,7 @@ extern "C" COMMS_PLUGIN_EXPORT const comms::plugin::PluginDescriptor* comms_plug
       .hint_keys = kKeys,
       .create = create,
       .device_count = no_devices,
+      .features = comms::plugin::kFeatureRegisterBuffers,
   };
   return &d;
 }
