@@ -31,10 +31,12 @@ class DeviceGuard {
  public:
   DeviceGuard(NcclApi& api, int device) : api_(api) {
     if (api_.get_device(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) status_ = api_.set_device(device);
+    changed_ = previous_ != device;
+    if (changed_) status_ = api_.set_device(device);
   }
+  // Restores only a device it changed: a cudaSetDevice per op otherwise.
   ~DeviceGuard() {
-    if (previous_ >= 0 && status_ == cudaSuccess) api_.set_device(previous_);
+    if (changed_ && previous_ >= 0 && status_ == cudaSuccess) api_.set_device(previous_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
@@ -43,6 +45,7 @@ class DeviceGuard {
  private:
   NcclApi& api_;
   int previous_ = -1;
+  bool changed_ = false;
   cudaError_t status_ = cudaSuccess;
 };
 

@@ -36,7 +36,7 @@ struct Launch {
   size_t elem;         // bytes per element of op.dtype
   ncclDataType_t cdt;  // the element type for ops that only move data
   Clock::time_point deadline;
-  std::string what;  // "nccl <op name>"
+  std::string_view what;  // "nccl <op name>"
 
   const char* in_at(size_t elements) const {
     return static_cast<const char*>(op.input) + elements * elem;
@@ -87,6 +87,19 @@ struct Launch {
     return s;
   }
 };
+
+// "nccl <op name>" for each op type, built once: a string built per op only
+// to name the call in an error cost every op a copy.
+std::string_view call_name(OpType type) {
+  static const auto names = [] {
+    std::array<std::string, plugin::kNumOpTypes> out;
+    for (int i = 0; i < plugin::kNumOpTypes; ++i) {
+      out[static_cast<size_t>(i)] = "nccl " + std::string(plugin::op_name(static_cast<OpType>(i)));
+    }
+    return out;
+  }();
+  return names[static_cast<size_t>(type)];
+}
 
 // An op that NCCL runs with its one-rank scaling kernel on a one-rank comm.
 bool one_rank_scaling(const OpDesc& op) {
@@ -351,6 +364,8 @@ static_assert(launches_in_op_type_order(),
 }  // namespace
 
 Status Core::enqueue_locked(const OpDesc& op, Clock::time_point deadline, cudaStream_t stream) {
+  const auto index = static_cast<size_t>(op.type);
+  if (index >= std::size(kLaunches)) return {ErrorCode::kUnsupported, "nccl: unknown op type"};
   const Launch l{*this,
                  *api_,
                  op,
@@ -364,10 +379,8 @@ Status Core::enqueue_locked(const OpDesc& op, Clock::time_point deadline, cudaSt
                  element_size(op.dtype),
                  copy_dtype(op.dtype),
                  deadline,
-                 "nccl " + std::string(plugin::op_name(op.type))};
+                 call_name(op.type)};
   if (std::optional<Status> s = launch_one_rank_in_parts(l)) return *s;
-  const auto index = static_cast<size_t>(op.type);
-  if (index >= std::size(kLaunches)) return {ErrorCode::kUnsupported, "nccl: unknown op type"};
   return kLaunches[index].launch(l);
 }
 

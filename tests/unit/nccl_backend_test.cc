@@ -207,6 +207,20 @@ TEST_F(NcclBackendTest, CallersCurrentDeviceIsRestoredAfterInitAndOps) {
   EXPECT_THAT(s.message, HasSubstr("cuda:1"));
 }
 
+// cudaSetDevice costs on every op; the guard calls it only to switch.
+TEST_F(NcclBackendTest, OpsOnTheCallersCurrentDeviceNeverSetTheDevice) {
+  auto b = make_initialized();
+  const int before = [&] { auto l = api->lock(); return api->set_device_calls; }();
+  for (int i = 0; i < 3; ++i) {
+    std::unique_ptr<plugin::Work> w;
+    ASSERT_TRUE(b->submit(op(OpType::kAllReduce), &w).is_ok());
+    ASSERT_TRUE(w->wait(WaitMode::kStream).is_ok());
+  }
+  auto l = api->lock();
+  EXPECT_EQ(api->set_device_calls, before);
+  EXPECT_EQ(api->current_device, 0);
+}
+
 TEST_F(NcclBackendTest, SynchronousOpOrdersTheCallersStreamWithoutAWork) {
   auto b = make_initialized();
   OpDesc d = op(OpType::kBroadcast);

@@ -96,6 +96,7 @@ class FakeNcclApi final : public NcclApi {
   std::atomic<int> aborts{0}, finalizes{0}, destroys{0}, frees{0}, streams_destroyed{0};
   int group_depth = 0;
   int current_device = 0;
+  int set_device_calls = 0;
 
   std::unique_lock<std::mutex> lock() { return std::unique_lock(mu_); }
   void complete_all_events() {
@@ -285,6 +286,7 @@ class FakeNcclApi final : public NcclApi {
   cudaError_t set_device(int d) override {
     std::lock_guard l(mu_);
     if (d >= device_count) return cudaErrorInvalidDevice;
+    ++set_device_calls;
     current_device = d;
     return cudaSuccess;
   }
