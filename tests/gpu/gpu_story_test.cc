@@ -266,6 +266,63 @@ TEST_F(GpuStory, ThreeOffloadReloadCyclesGiveTheMemoryBackAndKeepResultsRight) {
   EXPECT_GE(at_end + 64 * kMiB, baseline) << "after shutdown " << (baseline - at_end) / kMiB << " MiB still in use";
 }
 
+// Issue 27 through libcomms: an all_reduce captured in a CUDA graph on a
+// buffer from the backend's allocator, registered with the comm; an offload
+// releases the registration (free memory back to the level before the comms
+// but with the buffer) and, after the reload, a new registration and a new
+// capture give the right values again. Graphs are destroyed before the
+// offload: they hold the communicator the offload frees.
+TEST_F(GpuStory, CapturedOpOnARegisteredBufferAndOffloadReleasesTheRegistration) {
+  comms::dist::InitOptions init;
+  init.backend = "cpu:gloo,cuda:nccl";
+  init.device = device;
+  const size_t baseline = free_device_memory();
+  constexpr size_t n = size_t{16} << 20;  // 64 MiB of floats
+  comms::dist::Session session(init);
+  auto group = comms::dist::world();
+  comms::Comm& world = group.comm();
+  const int size = world.size();
+  ASSERT_TRUE(comms::can_register_buffers(world, DeviceType::kCuda));
+  auto* buf = static_cast<float*>(comms::alloc_backend_memory(world, device, n * sizeof(float)));
+  const BufferView view{buf, n, DataType::kFloat32, device};
+  auto replay_right = [&](const char* when) {
+    SCOPED_TRACE(when);
+    comms::RegisteredBuffer reg = comms::register_buffer(world, view);
+    ASSERT_TRUE(reg.registered());
+    comms::OpOptions o;
+    o.stream = stream;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    world.all_reduce(view, ReduceOp::sum(), o);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    std::vector<float> host(1024);
+    for (int r = 1; r <= 50; ++r) {
+      std::fill(host.begin(), host.end(), float(r));
+      ASSERT_EQ(cudaMemcpyAsync(buf, host.data(), host.size() * 4, cudaMemcpyHostToDevice, stream), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(host.data(), buf, host.size() * 4, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      ASSERT_EQ(host[0], float(r * size)) << "replay " << r;
+      ASSERT_EQ(host[1023], float(r * size)) << "replay " << r;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    // Left registered on purpose: the offload must release it.
+    const auto report = comms::dist::offload_groups();
+    EXPECT_FALSE(reg.registered());
+    const size_t after = free_device_memory();
+    std::printf("%s: after offload %.1f MiB free, %.1f MiB before comms (the buffer is %.1f MiB)\n", when,
+                after / double(kMiB), baseline / double(kMiB), n * 4 / double(kMiB));
+    EXPECT_GE(after + 64 * kMiB + n * sizeof(float), baseline) << report.to_string();
+    comms::dist::reload_groups();
+  };
+  replay_right("first registration");
+  replay_right("after a reload");
+  comms::free_backend_memory(world, device, buf);
+}
+
 // A two-rank comm of which only this process (rank 0) exists: its peer never
 // joins. Each process makes its own, on its own store and GPU.
 std::shared_ptr<comms::Comm> comm_without_its_peer(const std::string& name, std::optional<Device> device,

@@ -9,19 +9,16 @@
 #include <thread>
 #include <vector>
 
-#include "nccl_backend.h"
-#include "nccl_test_support.h"
+#include "nccl_backend_for_tests.h"
 
 namespace comms::nccl {
 namespace {
 
 using namespace std::chrono_literals;
 using plugin::Backend;
-using plugin::BackendInit;
 using plugin::OpDesc;
 using plugin::OpType;
 using testing::FakeNcclApi;
-using testing::MemoryStore;
 using ::testing::HasSubstr;
 
 class NcclCaptureTest : public ::testing::Test {
@@ -31,20 +28,7 @@ class NcclCaptureTest : public ::testing::Test {
     ASSERT_EQ(api->stream_create(&stream, 0), cudaSuccess);
   }
 
-  std::unique_ptr<Backend> make(bool eager = true) {
-    BackendInit init;
-    init.comm_name = "world";
-    init.device = Device::cuda(0);
-    init.eager = eager;
-    init.store = std::make_shared<MemoryStore>();
-    init.init_timeout = 2s;
-    init.op_timeout = 2s;
-    std::unique_ptr<Backend> b;
-    Status s = create_nccl_backend(api, init, &b, {.watchdog_interval = 2ms});
-    EXPECT_TRUE(s.is_ok()) << s.message;
-    EXPECT_TRUE(b->init().is_ok());
-    return b;
-  }
+  std::unique_ptr<Backend> make(bool eager = true) { return testing::one_rank_backend(api, eager, 2ms); }
 
   // An all_reduce of `in` into `out` (host memory: the fake moves it).
   OpDesc all_reduce(const std::vector<float>& in, std::vector<float>& out, uint64_t seq,

@@ -6,37 +6,22 @@
 
 #include <vector>
 
-#include "nccl_backend.h"
+#include "nccl_backend_for_tests.h"
 #include "nccl_core.h"
-#include "nccl_test_support.h"
 
 namespace comms::nccl {
 namespace {
 
 using namespace std::chrono_literals;
 using plugin::Backend;
-using plugin::BackendInit;
 using plugin::OpDesc;
 using plugin::OpType;
 using testing::FakeNcclApi;
-using testing::MemoryStore;
 using ::testing::HasSubstr;
 
 class NcclRegistrationTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Backend> make(bool eager = true) {
-    BackendInit init;
-    init.comm_name = "world";
-    init.device = Device::cuda(0);
-    init.eager = eager;
-    init.store = std::make_shared<MemoryStore>();
-    init.init_timeout = 2s;
-    init.op_timeout = 2s;
-    std::unique_ptr<Backend> b;
-    EXPECT_TRUE(create_nccl_backend(api, init, &b, {.watchdog_interval = 5ms}).is_ok());
-    EXPECT_TRUE(b->init().is_ok());
-    return b;
-  }
+  std::unique_ptr<Backend> make(bool eager = true) { return testing::one_rank_backend(api, eager, 5ms); }
   size_t live_registrations() {
     auto l = api->lock();
     return api->registrations.size();

@@ -60,6 +60,8 @@ class CudaBenchImpl final : public CudaBench {
   }
   ~CudaBenchImpl() override {
     // close() reports failures; here nothing can, and exit must not wait.
+    uncapture(false);
+    uncapture(true);
     raw_.reset();
     if (in_) cudaFree(in_);
     if (out_) cudaFree(out_);
@@ -125,7 +127,32 @@ class CudaBenchImpl final : public CudaBench {
   }
   std::string algorithm(OpType type) const override { return nccl::RawNccl::call_name(type); }
 
+  void capture(bool raw, const std::function<void()>& issue) override {
+    uncapture(raw);
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+    cudaGraph_t graph = nullptr;
+    try {
+      issue();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);  // end it, then report the op's failure
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+    const cudaError_t e = cudaGraphInstantiate(&graphs_[raw], graph, 0);
+    cudaGraphDestroy(graph);
+    check(e, "cudaGraphInstantiate");
+  }
+  bool captured(bool raw) const override { return graphs_[raw] != nullptr; }
+  void replay(bool raw) override { check(cudaGraphLaunch(graphs_[raw], stream_), "cudaGraphLaunch"); }
+  void uncapture(bool raw) override {
+    if (graphs_[raw]) cudaGraphExecDestroy(graphs_[raw]);
+    graphs_[raw] = nullptr;
+  }
+
   void close() override {
+    uncapture(false);
+    uncapture(true);
     std::string errors;
     auto note = [&](const std::string& e) { errors += (errors.empty() ? "" : "; ") + e; };
     if (raw_) {
@@ -173,6 +200,7 @@ class CudaBenchImpl final : public CudaBench {
   void* out_ = nullptr;
   size_t capacity_ = 0;
   std::unique_ptr<nccl::RawNccl> raw_;
+  cudaGraphExec_t graphs_[2] = {nullptr, nullptr};  // [raw]: comms', raw NCCL's
 };
 #endif
 

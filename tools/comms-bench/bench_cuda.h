@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,13 @@ class CudaBench {
   // The NCCL call(s) an op is, for both paths (the plugin makes the same
   // calls on NCCL >= 2.28; before, it emulates all_to_all, gather, scatter).
   virtual std::string algorithm(plugin::OpType type) const = 0;
+  // --graph: captures what `issue` enqueues on stream() into a CUDA graph
+  // (one for comms, one for raw), replacing the previous; replay launches it
+  // (returns at once, like an op). uncapture drops it.
+  virtual void capture(bool raw, const std::function<void()>& issue) = 0;
+  virtual bool captured(bool raw) const = 0;
+  virtual void replay(bool raw) = 0;
+  virtual void uncapture(bool raw) = 0;
   // Releases the raw communicator, the buffers and the stream; throws on a
   // failure to release.
   virtual void close() = 0;

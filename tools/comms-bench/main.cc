@@ -69,6 +69,7 @@ Setup check_flags(const Flags& f) {
   }
   s.on_cuda = f.device_name == "cuda";
   if (f.raw_nccl && !s.on_cuda) bad_flag("--raw-nccl", " times NCCL on CUDA buffers; give --device cuda as well");
+  if (f.graph && !s.on_cuda) bad_flag("--graph", " replays CUDA graphs; give --device cuda as well");
   if (s.on_cuda && (f.raw_gloo || f.gloo_native)) {
     bad_flag(f.raw_gloo ? "--raw-gloo" : "--gloo-native",
              " times Gloo on CPU buffers; with --device cuda, --raw-nccl (or --overhead) is the baseline");
@@ -185,7 +186,7 @@ int run(const Flags& f) {
   int32_t plan[2] = {f.iters, f.warmup};
   comm->broadcast(BufferView::of(plan, 2), 0);
   Bench bench(comm, *s.op, s.dtype, s.redop, f.root, static_cast<Average>(f.average), plan[0], plan[1], f.check == 1,
-              raw.get(), cuda.get(), f.has_raw(), f.overhead);
+              raw.get(), cuda.get(), f.has_raw(), f.overhead, f.graph);
   const RunInfo info{s.op, comm->size(), comm->backend_string(), cuda ? str::cat("cuda:", cuda->device()) : "cpu",
                      cuda != nullptr, raw != nullptr, plan[0], plan[1]};
   // --json -: the JSON alone on stdout.

@@ -139,6 +139,9 @@ void add_flags(CLI::App& app, Flags& flags) {
       ->excludes("--raw-gloo")
       ->excludes("--gloo-native")
       ->excludes("--raw-nccl");
+  app.add_flag("--graph", flags.graph,
+               "with --device cuda: capture each size's op once in a CUDA graph (comms and the raw baseline "
+               "alike) and time its replays, as an inference engine issues it");
 }
 
 }  // namespace comms::bench

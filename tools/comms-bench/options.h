@@ -41,6 +41,7 @@ struct Flags {
   double factor = 2;
   int iters = 20, warmup = 5, check = 1, root = 0, ngpus = 1, average = int(Average::kMax);
   bool inplace = false, outofplace = false, raw_gloo = false, gloo_native = false, overhead = false;
+  bool graph = false;  // --graph: time replays of a CUDA graph holding the op
   bool raw_nccl = false;
 
   bool has_raw() const { return raw_gloo || gloo_native || raw_nccl || overhead; }

@@ -55,6 +55,7 @@ void write_json(const Flags& flags, const RunInfo& run, const std::vector<Row>& 
                                 : r.raw           ? (cuda ? "raw-nccl" : "same-algorithm")
                                                   : "comms"},
                    {"algorithm", r.algorithm}});
+    out.back()["graph"] = flags.graph;
     if (flags.overhead) {
       out.back()["overhead_baseline"] = cuda ? "raw-nccl" : "same-algorithm";
       out.back()["raw_p50_us"] = r.raw_p50_us;

@@ -35,10 +35,11 @@ class Bench {
   // `root`: of broadcast, reduce, gather and scatter (-r); `average`: how
   // an iteration's times on the ranks combine (-a).
   Bench(std::shared_ptr<Comm> comm, const OpInfo& op, DataType dtype, ReduceOp redop, int root, Average average,
-        int iters, int warmup, bool check, gloo_backend::RawGloo* raw, CudaBench* cuda, bool has_raw, bool overhead)
+        int iters, int warmup, bool check, gloo_backend::RawGloo* raw, CudaBench* cuda, bool has_raw, bool overhead,
+        bool graph = false)
       : comm_(std::move(comm)), op_(op), dtype_(dtype), redop_(redop), root_(root), average_(average),
         iters_(iters), warmup_(warmup), check_(check), raw_(raw), cuda_(cuda), has_raw_(has_raw),
-        overhead_(overhead) {}
+        overhead_(overhead), graph_(graph) {}
 
   Row run(size_t bytes, bool in_place);
 
@@ -79,6 +80,7 @@ class Bench {
   CudaBench* cuda_;
   bool has_raw_;
   bool overhead_;
+  bool graph_;  // time replays of the op captured in a CUDA graph (cuda_ only)
   std::vector<uint8_t> in_, out_;
 };
 
