@@ -3,6 +3,7 @@ checked by value at 1, 2 and 4 ranks over cpu:gloo and cpu:ucx, groups and
 options at 4 ranks on both COMMS_ROUTE values, DDP against torch's gloo, a
 killed rank. One commsrun job per configuration runs a rank script."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -96,16 +97,22 @@ except Exception as e:
 """
 
 
-def test_a_killed_rank_gives_an_error_on_the_others_not_a_hang(tmp_path):
+@pytest.mark.parametrize("backend", ["cpu:gloo", "cpu:ucx"])
+def test_a_killed_rank_gives_an_error_on_the_others_not_a_hang(tmp_path, backend):
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
     start = time.monotonic()
     # --keep-going: the survivors run on after rank 1 died, to show what they see.
     proc = subprocess.run([COMMSRUN, "-n", "3", "--keep-going", "--timeout", "60", "--", PYTHON, str(script), "5",
-                           str(tmp_path / "store")], env=job_env(), capture_output=True, text=True, timeout=75)
+                           str(tmp_path / "store")], env=job_env(COMMS_BACKEND=backend), capture_output=True, text=True,
+                          timeout=75)
     elapsed = time.monotonic() - start
     out = proc.stdout + proc.stderr
     for rank in (0, 2):
-        assert "rank %d: error after" % rank in out, out[-3000:]
+        # comms' message: comm, rank, op and its sequence number, the failure.
+        line = re.search(r"rank %d: error after .*" % rank, out)
+        assert line, out[-3000:]
+        assert re.search(r"comms\[torch\d+\.0 rank %d/3\] all_reduce #\d+: (peer_failure|timeout)" % rank,
+                         line.group(0)), line.group(0)
     assert "no error" not in out, out[-3000:]
     assert elapsed < 45, "the survivors took %.1f s" % elapsed

@@ -415,14 +415,24 @@ WorkPtr ProcessGroupComms::barrier(const c10d::BarrierOptions& opts) {
 
 void ProcessGroupComms::startCoalescing() { p2p_->flush(); }
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+WorkPtr ProcessGroupComms::endCoalescing() {
+  last_batch_.reset();
+  p2p_->flush();
+  if (last_batch_) return std::move(last_batch_);
+  return c10::make_intrusive<CommsWork>(comms::Work(), Tensors{}, Tensors{}, c10d::OpType::UNKNOWN, getRank(),
+                                        watcher_);  // nothing was queued: done
+}
+#else
 void ProcessGroupComms::endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& /*reqs*/) { p2p_->flush(); }
+#endif
 
 void ProcessGroupComms::issue_batch(std::vector<comms::P2POp> ops, Tensors tensors,
                                     std::vector<c10::intrusive_ptr<CommsWork>> works) {
   try {
     auto w = issue([&] { return live("batch_p2p", false).batch_p2p(ops, op_options(c10d::kUnsetTimeout, tensors)); });
     for (auto& each : works) each->set_work(w);
-    track(std::move(w), std::move(tensors), {}, c10d::OpType::UNKNOWN);
+    last_batch_ = track(std::move(w), std::move(tensors), {}, c10d::OpType::UNKNOWN);
   } catch (...) {  // each send and recv reports it when waited on
     for (auto& each : works) each->set_error(std::current_exception());
   }

@@ -182,7 +182,12 @@ class ProcessGroupComms final : public BackendBase {
   // batch_isend_irecv: the sends and receives between start and end go out
   // as one comms batch_p2p (the queue flushes at both ends).
   void startCoalescing() override;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  // Torch 2.1 made endCoalescing return the work every queued op waits on.
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+#else
   void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override;
+#endif
 #if TORCH_VERSION_MAJOR >= 2
   // Torch 2.x names (not `override`: which release added each one varies,
   // and a method the base lacks is then simply ours).
@@ -207,6 +212,8 @@ class ProcessGroupComms final : public BackendBase {
   friend class P2PQueue;
   void issue_batch(std::vector<comms::P2POp> ops, std::vector<at::Tensor> tensors,
                    std::vector<c10::intrusive_ptr<CommsWork>> works);
+  // The work of the last batch issue_batch issued (torch 2.1's endCoalescing).
+  c10::intrusive_ptr<c10d::Work> last_batch_;
 
   std::shared_ptr<comms::Comm> comm_;
   std::shared_ptr<FutureWatcher> watcher_;
