@@ -3,17 +3,14 @@ test_torch.py under commsrun, once per COMMS_BACKEND and size). Every result
 is compared with a reference computed here in numpy from every rank's known
 input, never through another collective. Writes {check: "ok" | error} to
 OUT_DIR/rank<R>.json."""
-import datetime
 import json
-import os
-import sys
-import traceback
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import comms.torch
+import torch_rank
 
 CHECKS = []
 R = dist.ReduceOp
@@ -290,26 +287,12 @@ def async_work_wait_is_completed_and_future(rank, size):
         expect_tensor(outs[r], [r, r], "async all_gather [%d]" % r)
 
 
-def main():
-    out_dir = sys.argv[1]
-    # torch's FileStore: independent of the store commsrun hosts at MASTER_PORT.
-    dist.init_process_group("comms", init_method="file://" + os.path.join(out_dir, "store"),
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                            timeout=datetime.timedelta(seconds=60))
-    rank, size = dist.get_rank(), dist.get_world_size()
-    results = {}
-    for fn in CHECKS:
-        try:
-            fn(rank, size)
-            results[fn.__name__] = "ok"
-        except Exception as e:  # noqa: BLE001  (every failure is reported with its check)
-            results[fn.__name__] = "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc()[-1500:])
-            print("rank %d: %s failed: %s" % (rank, fn.__name__, results[fn.__name__]), file=sys.stderr, flush=True)
-    dist.barrier()
+def record_backend(results):
     results["backend"] = json.loads(comms.torch.describe())["backend"]
-    dist.destroy_process_group()
-    with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
-        json.dump(results, f)
+
+
+def main():
+    torch_rank.run(CHECKS, record_backend)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,13 @@ Run by test_torch.py under commsrun at 4 ranks. Writes {check: "ok" | error}
 to OUT_DIR/rank<R>.json."""
 import datetime
 import json
-import os
-import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 
 import comms.torch
+import torch_rank
+from torch_rank import expect
 
 CHECKS = []
 
@@ -20,11 +19,6 @@ CHECKS = []
 def check(fn):
     CHECKS.append(fn)
     return fn
-
-
-def expect(actual, expected, what):
-    if actual != expected:
-        raise AssertionError("%s: got %r, expected %r" % (what, actual, expected))
 
 
 def summed(values, group=None):
@@ -154,24 +148,7 @@ def bad_input_raises_before_sending(rank, size):
 
 
 def main():
-    out_dir = sys.argv[1]
-    # torch's FileStore: independent of the store commsrun hosts at MASTER_PORT.
-    dist.init_process_group("comms", init_method="file://" + os.path.join(out_dir, "store"),
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                            timeout=datetime.timedelta(seconds=60))
-    rank, size = dist.get_rank(), dist.get_world_size()
-    results = {}
-    for fn in CHECKS:
-        try:
-            fn(rank, size)
-            results[fn.__name__] = "ok"
-        except Exception as e:  # noqa: BLE001  (every failure is reported with its check)
-            results[fn.__name__] = "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc()[-1500:])
-            print("rank %d: %s failed: %s" % (rank, fn.__name__, results[fn.__name__]), file=sys.stderr, flush=True)
-        dist.barrier()
-    dist.destroy_process_group()
-    with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
-        json.dump(results, f)
+    torch_rank.run(CHECKS)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ killed rank. One commsrun job per configuration runs a rank script."""
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
@@ -83,11 +82,11 @@ import datetime, os, signal, sys, time, torch, torch.distributed as dist, comms.
 dist.init_process_group("comms", init_method="file://" + sys.argv[2], rank=int(os.environ["RANK"]),
                         world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=float(sys.argv[1])))
 t = torch.ones(1 << 16)
-dist.all_reduce(t)
-if dist.get_rank() == 1:
-    os.kill(os.getpid(), signal.SIGKILL)
 start = time.monotonic()
 try:
+    dist.all_reduce(t)
+    if dist.get_rank() == 1:  # the others may still be finishing this op with it
+        os.kill(os.getpid(), signal.SIGKILL)
     for _ in range(100):
         dist.all_reduce(t)
     print("rank %d: no error" % dist.get_rank(), flush=True)
@@ -112,7 +111,7 @@ def test_a_killed_rank_gives_an_error_on_the_others_not_a_hang(tmp_path, backend
         # comms' message: comm, rank, op and its sequence number, the failure.
         line = re.search(r"rank %d: error after .*" % rank, out)
         assert line, out[-3000:]
-        assert re.search(r"comms\[torch\d+\.0 rank %d/3\] all_reduce #\d+: (peer_failure|timeout)" % rank,
+        assert re.search(r"comms\[torch\d+\.0 rank %d/3\] all_reduce #\d+: (peer_failure|timeout|aborted)" % rank,
                          line.group(0)), line.group(0)
     assert "no error" not in out, out[-3000:]
     assert elapsed < 45, "the survivors took %.1f s" % elapsed

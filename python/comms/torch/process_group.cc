@@ -207,11 +207,7 @@ WorkPtr ProcessGroupComms::allgather(std::vector<Tensors>& outputs, Tensors& inp
   auto& c = live(call);
   const auto& in = single(inputs, call, "input");
   const auto& outs = single(outputs, call, "output");
-  if (outs.size() != static_cast<size_t>(getSize())) {
-    fail(call, "output list has " + std::to_string(outs.size()) + " tensors, but the group has " +
-                   std::to_string(getSize()) + " ranks");
-  }
-  check_like(outs, in, call, "output");
+  check_per_rank(outs, in, getSize(), call, "output list");
   const auto vin = view_of(in, Use::kMove, call, "input");
   std::vector<comms::BufferView> vout;
   for (const auto& o : outs) vout.push_back(view_of(o, Use::kMove, call, "output"));
@@ -241,11 +237,7 @@ WorkPtr ProcessGroupComms::gather(std::vector<Tensors>& outputs, Tensors& inputs
   Tensors outs;
   if (is_root) {
     outs = single(outputs, call, "gather_list");
-    if (outs.size() != static_cast<size_t>(getSize())) {
-      fail(call, "gather_list has " + std::to_string(outs.size()) + " tensors, but the group has " +
-                     std::to_string(getSize()) + " ranks");
-    }
-    check_like(outs, in, call, "gather_list");
+    check_per_rank(outs, in, getSize(), call, "gather_list");
   } else if (!outputs.empty() && !outputs[0].empty()) {
     fail(call, "gather_list is given on a rank that is not the root");
   }
@@ -276,11 +268,7 @@ WorkPtr ProcessGroupComms::scatter(Tensors& outputs, std::vector<Tensors>& input
   at::Tensor staging = at::empty({0}, out.options());
   if (is_root) {
     const auto& ins = single(inputs, call, "scatter_list");
-    if (ins.size() != static_cast<size_t>(getSize())) {
-      fail(call, "scatter_list has " + std::to_string(ins.size()) + " tensors, but the group has " +
-                     std::to_string(getSize()) + " ranks");
-    }
-    check_like(ins, out, call, "scatter_list");
+    check_per_rank(ins, out, getSize(), call, "scatter_list");
     staging = at::cat(c10::fmap(ins, [](const at::Tensor& t) { return t.reshape(-1); }));
   } else if (!inputs.empty() && !inputs[0].empty()) {
     fail(call, "scatter_list is given on a rank that is not the root");
@@ -300,11 +288,7 @@ WorkPtr ProcessGroupComms::reduce_scatter(Tensors& outputs, std::vector<Tensors>
   auto& c = live(call);
   const auto& out = single(outputs, call, "output");
   const auto& ins = single(inputs, call, "input_list");
-  if (ins.size() != static_cast<size_t>(getSize())) {
-    fail(call, "input_list has " + std::to_string(ins.size()) + " tensors, but the group has " +
-                   std::to_string(getSize()) + " ranks");
-  }
-  check_like(ins, out, call, "input_list");
+  check_per_rank(ins, out, getSize(), call, "input_list");
   const auto vout = view_of(out, Use::kReduce, call, "output");
   const auto op = reduce_op_of(opts.reduceOp, out, call);
   at::Tensor staging = at::cat(c10::fmap(ins, [](const at::Tensor& t) { return t.reshape(-1); }));

@@ -117,6 +117,15 @@ void check_like(const std::vector<at::Tensor>& list, const at::Tensor& like, con
   }
 }
 
+void check_per_rank(const std::vector<at::Tensor>& list, const at::Tensor& like, int size, const char* call,
+                    const char* role) {
+  if (list.size() != static_cast<size_t>(size)) {
+    fail(call, std::string(role) + " has " + std::to_string(list.size()) + " tensors, but the group has " +
+                   std::to_string(size) + " ranks");
+  }
+  check_like(list, like, call, role);
+}
+
 std::vector<size_t> split_counts(const at::Tensor& t, const std::vector<int64_t>& splits, int size,
                                  const comms::BufferView& view, const char* call, const char* role) {
   const int64_t rows = t.dim() == 0 ? 1 : t.size(0);

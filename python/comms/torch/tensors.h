@@ -40,6 +40,9 @@ const T& single(const std::vector<T>& list, const char* call, const char* role) 
 // Every tensor of `list` has the dtype, device and element count of `like`.
 void check_like(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* call,
                 const char* role);
+// One tensor per rank of a group of `size`, each like `like`.
+void check_per_rank(const std::vector<at::Tensor>& list, const at::Tensor& like, int size, const char* call,
+                    const char* role);
 void check_same(const at::Tensor& t, const at::Tensor& like, const char* call, const char* role,
                 int64_t numel);
 
