@@ -77,6 +77,39 @@ def test_ddp_over_comms_ends_with_gloos_parameters(tmp_path):
     assert any(not torch.equal(p, torch.zeros_like(p)) for p in comms_params.values())
 
 
+BY_HAND = r"""
+import sys, torch, torch.distributed as dist, comms.torch
+dist.init_process_group("comms", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=2)
+t = torch.full((3,), dist.get_rank() + 1.0)
+dist.all_reduce(t)
+g = dist.new_group([1])
+if dist.get_rank() == 1:
+    dist.all_reduce(t, group=g)
+assert t.tolist() == [3.0] * 3, t
+dist.barrier()  # rank 0 hosts the TCPStore: nobody may still be using it when it exits
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("init", ["env://", "tcp://"])
+def test_torch_rendezvous_started_by_hand(tmp_path, init):
+    """Two ranks started without a launcher, through torch's TCPStore: env://
+    (MASTER_ADDR/MASTER_PORT) and tcp://."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "by_hand.py"
+    script.write_text(BY_HAND)
+    env = job_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=2)
+    url = init if init == "env://" else "tcp://127.0.0.1:%d" % port
+    procs = [subprocess.Popen([PYTHON, str(script), url, str(r)], env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    for r, p in enumerate(procs):
+        out = p.communicate(timeout=60)[0]
+        assert p.returncode == 0, "rank %d: %s" % (r, out[-3000:])
+
+
 KILLED = r"""
 import datetime, os, signal, sys, time, torch, torch.distributed as dist, comms.torch
 dist.init_process_group("comms", init_method="file://" + sys.argv[2], rank=int(os.environ["RANK"]),

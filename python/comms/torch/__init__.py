@@ -144,7 +144,16 @@ def _options_of(pg_options):
     raise ValueError("comms.torch: pg_options must be comms.torch.Options, not %s" % type(pg_options).__name__)
 
 
-_state = {"splits": 0, "generation": 0}
+_state = {"splits": 0, "generation": 0, "names": {}}
+
+
+def _unique_name(name):
+    """Comm names are unique in a process and key the rendezvous: a group torch
+    creates twice (one backend per device, "cpu:comms,cuda:comms") gets a
+    suffix, in the same order on every rank."""
+    seen = _state["names"].get(name, 0)
+    _state["names"][name] = seen + 1
+    return name if seen == 0 else "%s.%d" % (name, seen)
 
 
 def _backend_of(pg):
@@ -194,6 +203,7 @@ def _create(*args):
     if is_world:
         _state["generation"] += 1
         _state["splits"] = 0
+        _state["names"] = {}
     if not is_world and _comms_dist.route_from_environment() == "split":
         _state["splits"] += 1
         name = "torch%d.split%d" % (_state["generation"], _state["splits"])
@@ -201,7 +211,7 @@ def _create(*args):
     device = options.device
     if is_world and device is None and _comms_dist.route_from_environment() == "split":
         device = "cpu"  # the split route carves groups from an eagerly bound world
-    name = "torch%d.%s" % (_state["generation"], group_id if group_id is not None else "pg%d" % id(store))
+    name = _unique_name("torch%d.%s" % (_state["generation"], group_id if group_id is not None else "pg"))
     return _C.create(store, rank, size, name, backend, hints, op_timeout, init_timeout, device)
 
 
