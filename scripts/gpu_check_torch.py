@@ -34,27 +34,29 @@ PKG_SOURCES = ["module.cc", "buffers.cc", "comm_bindings.cc", "dist_bindings.cc"
 TORCH_SOURCES = ["module.cc", "process_group.cc", "tensors.cc", "work.cc"]
 
 
-def torch_paths(fn):
+def torch_paths(fn, cuda):
     try:
-        return fn(cuda=True)
+        return fn(cuda=cuda)
     except TypeError:  # torch >= 2.6 names the device type
-        return fn(device_type="cuda")
+        return fn(device_type="cuda" if cuda else "cpu")
 
 
 def compile_extension(cxx, name, sources, out_dir, flags, link):
-    """Compiles the sources in parallel, links OUT_DIR/NAME<EXT_SUFFIX>."""
-    objs, procs = [], []
+    """Compiles the sources, as many at once as there are cores, and links OUT_DIR/NAME<EXT_SUFFIX>."""
+    objs, errors = [], []
     os.makedirs(out_dir, exist_ok=True)
-    for src in sources:
-        obj = os.path.join(out_dir, "%s.%s.o" % (name, os.path.basename(src)))
-        objs.append(obj)
-        procs.append((src, subprocess.Popen([cxx, "-c", src, "-o", obj] + flags, stdout=subprocess.PIPE,
-                                            stderr=subprocess.STDOUT, text=True)))
-    errors = []
-    for src, p in procs:
-        output = p.communicate()[0]
-        if p.returncode != 0:
-            errors.append("%s:\n%s" % (src, output[-4000:]))
+    jobs = max(1, min(len(sources), os.cpu_count() or 1))
+    for first in range(0, len(sources), jobs):
+        procs = []
+        for src in sources[first:first + jobs]:
+            obj = os.path.join(out_dir, "%s.%s.o" % (name, os.path.basename(src)))
+            objs.append(obj)
+            procs.append((src, subprocess.Popen([cxx, "-c", src, "-o", obj] + flags, stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT, text=True)))
+        for src, p in procs:
+            output = p.communicate()[0]
+            if p.returncode != 0:
+                errors.append("%s:\n%s" % (src, output[-4000:]))
     if errors:
         raise RuntimeError("compiling %s failed:\n%s" % (name, "\n".join(errors)))
     target = os.path.join(out_dir, name + sysconfig.get_config_var("EXT_SUFFIX"))
@@ -62,9 +64,16 @@ def compile_extension(cxx, name, sources, out_dir, flags, link):
     return target
 
 
-def build(tree, out):
+def build(tree, out, cuda=True):
+    """Returns the PYTHONPATH of the package built under OUT. cuda=False
+    builds without torch's CUDA parts (a check of this script on a machine
+    without them)."""
     import torch
     import torch.utils.cpp_extension as ext
+    if not torch._C._GLIBCXX_USE_CXX11_ABI:
+        # comms' public API passes std::string: one extension cannot hold both ABIs.
+        raise RuntimeError("torch %s uses the pre-C++11 std::string ABI, libcomms the C++11 one: a torch "
+                           "built with _GLIBCXX_USE_CXX11_ABI=1 is needed" % torch.__version__)
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         raise RuntimeError("no C++ compiler on this machine (CXX, c++, g++)")
@@ -76,19 +85,19 @@ def build(tree, out):
     shutil.copy(os.path.join(ROOT, "python", "comms", "torch", "__init__.py"), os.path.join(pkg, "torch"))
     core = os.path.join(tree, "core")
     cuda_home = ext.CUDA_HOME or "/usr/local/cuda"
-    includes = torch_paths(ext.include_paths) + [os.path.join(cuda_home, "include"),
+    includes = torch_paths(ext.include_paths, cuda) + [os.path.join(cuda_home, "include"),
                                                  sysconfig.get_paths()["include"], os.path.join(ROOT, "include")]
-    flags = ["-std=c++20", "-O2", "-fPIC", "-fvisibility=hidden", "-w",
-             "-D_GLIBCXX_USE_CXX11_ABI=%d" % int(torch._C._GLIBCXX_USE_CXX11_ABI)] + ["-I" + i for i in includes]
+    flags = ["-std=c++20", "-O2", "-fPIC", "-fvisibility=hidden", "-w", "-D_GLIBCXX_USE_CXX11_ABI=1"] + ["-I" + i for i in includes]
     libcomms = ["-L" + core, "-l:libcomms.so.0", "-Wl,-rpath," + core]
-    torch_libs = torch_paths(ext.library_paths)
+    torch_libs = torch_paths(ext.library_paths, cuda)
     torch_link = ["-L" + d for d in torch_libs] + ["-Wl,-rpath," + d for d in torch_libs] + [
-        "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-lc10_cuda", "-ltorch_cuda"]
+        "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"] + (["-lc10_cuda", "-ltorch_cuda"] if cuda else [])
     here = os.path.join(ROOT, "python", "comms")
     compile_extension(cxx, "_comms", [os.path.join(here, s) for s in PKG_SOURCES], pkg, flags + ["-I" + here],
                       libcomms)
     compile_extension(cxx, "_C", [os.path.join(here, "torch", s) for s in TORCH_SOURCES], os.path.join(pkg, "torch"),
-                      flags + ["-I" + os.path.join(here, "torch"), "-DCOMMS_TORCH_CUDA"], libcomms + torch_link)
+                      flags + ["-I" + os.path.join(here, "torch")] + (["-DCOMMS_TORCH_CUDA"] if cuda else []),
+                      libcomms + torch_link)
     return os.path.dirname(pkg)
 
 
