@@ -9,7 +9,8 @@
 `run` without a CUDA device prints one line saying so and exits 0. With one it
 runs each check (the NCCL plugin's GPU unit tests, the conformance suite on
 CUDA buffers at world size = number of GPUs, the GPU story tests under
-commsrun, comms-bench --overhead at four sizes), prints a line per check, and
+commsrun, comms-bench --overhead at four sizes, comms.torch built against the
+machine's torch and its CUDA checks), prints a line per check, and
 exits 1 if any failed. Every check has a time bound.
 """
 import ctypes
@@ -328,6 +329,20 @@ class Runner:
                    {"GPU_STORY_NCCL_LOG_DIR": story_log})
         self.bench()
         self.bench(graph=True)
+        self.torch()
+
+    def torch(self):
+        """comms.torch built against this machine's torch, its CUDA checks (scripts/gpu_check_torch.py)."""
+        argv = [sys.executable, os.path.join(ROOT, "scripts", "gpu_check_torch.py"), self.tree, self.out]
+        rc, output, secs = self.execute("torch", argv, 590)
+        try:
+            with open(os.path.join(self.out, "torch.json")) as f:
+                entries = json.load(f)
+        except (OSError, ValueError):
+            entries = [{"check": "torch", "status": "fail", "seconds": secs,
+                        "details": "gpu_check_torch.py wrote no results (exit %d): %s" % (rc, output[-2000:])}]
+        for e in entries:
+            self.record(e["check"], "comms.torch on CUDA (docs/TORCH.md)", e["status"], e["seconds"], e["details"])
 
 
 def write_report(out, facts, results, started):

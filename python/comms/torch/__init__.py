@@ -1,0 +1,309 @@
+"""comms.torch: the torch.distributed backend "comms" (docs/TORCH.md).
+
+    import comms.torch                      # registers the backend name "comms"
+    torch.distributed.init_process_group("comms")
+
+Groups bootstrap through the store torch hands the backend (each group under
+its own prefix). Their comms backends come from COMMS_BACKEND (e.g.
+"cpu:ucx,cuda:nccl") unless Options(backend=...) names them; COMMS_ROUTE
+chooses how new_group creates a group, as in comms.dist.
+"""
+import datetime
+import functools
+import inspect
+
+import torch  # noqa: F401  (torch's C++ classes must exist before _C loads)
+import torch.distributed as _dist
+from torch.distributed import distributed_c10d as _c10d
+
+from .. import _comms  # noqa: F401  (comms.Error)
+from .. import dist as _comms_dist
+from . import _C
+
+ProcessGroupComms = _C.ProcessGroupComms
+
+_NCCL_FIELDS = {"is_high_priority_stream": bool, "net_name": str}
+_NCCL_FIELDS.update({k: int for k in (
+    "cga_cluster_size", "min_ctas", "max_ctas", "split_share", "traffic_class", "collnet_enable",
+    "cta_policy", "shrink_share", "nvls_ctas", "nchannels_per_net_peer", "nvlink_centric_sched")})
+_GLOO_FIELDS = {"interface": str, "hostname": str, "busy_poll": bool}
+_OWN_FIELDS = ("backend", "timeout", "init_timeout", "hints", "device")
+
+
+def _seconds(name, value):
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("comms.torch.Options: %s must be a positive timedelta or number of seconds, not %r"
+                         % (name, value))
+    return datetime.timedelta(seconds=value)
+
+
+class Options:
+    """pg_options of init_process_group / new_group for backend "comms".
+
+    backend        comms backends, e.g. "cpu:ucx" or "cpu:gloo,cuda:nccl" (default: COMMS_BACKEND)
+    timeout        op timeout (timedelta or seconds); overrides init_process_group's timeout
+    init_timeout   how long creating the group's comm may take
+    hints          comms hints: {"key": "value"} or "k=v,k=v"
+    device         binds eagerly ("cpu", "cuda:0"): the backend connects before the call returns
+    and NCCL's knobs as torch and Megatron name them (is_high_priority_stream,
+    cga_cluster_size, min_ctas, max_ctas, net_name, ...) and Gloo's (interface,
+    hostname, busy_poll). An unknown name or a bad value raises ValueError.
+    """
+
+    def __init__(self, **options):
+        self.backend = None
+        self.timeout = None
+        self.init_timeout = None
+        self.hints = {}
+        self.device = None
+        self.nccl = {}
+        self.gloo = {}
+        for key, value in options.items():
+            setattr(self, key, value)
+
+    def __setattr__(self, key, value):
+        if key in ("nccl", "gloo") and isinstance(value, dict) and not value:
+            object.__setattr__(self, key, value)
+        elif key in _NCCL_FIELDS or key in _GLOO_FIELDS:
+            kind = _NCCL_FIELDS.get(key) or _GLOO_FIELDS[key]
+            if type(value) is not kind:  # noqa: E721  (True is not an int here)
+                raise ValueError("comms.torch.Options: %s must be %s, not %r" % (key, kind.__name__, value))
+            (self.nccl if key in _NCCL_FIELDS else self.gloo)[key] = value
+        elif key in _OWN_FIELDS:
+            object.__setattr__(self, key, self._checked(key, value))
+        else:
+            raise ValueError("comms.torch.Options: unknown option '%s' (options: %s)"
+                             % (key, ", ".join(sorted(_OWN_FIELDS + tuple(_NCCL_FIELDS) + tuple(_GLOO_FIELDS)))))
+
+    def __getattr__(self, key):
+        fields = self.__dict__
+        if key in _NCCL_FIELDS:
+            return fields["nccl"].get(key)
+        if key in _GLOO_FIELDS:
+            return fields["gloo"].get(key)
+        raise AttributeError(key)
+
+    @staticmethod
+    def _checked(key, value):
+        if value is None:
+            return {} if key == "hints" else None
+        if key in ("timeout", "init_timeout"):
+            return _seconds(key, value)
+        if key == "hints":
+            if isinstance(value, str):
+                return dict(_comms.parse_hints(value))
+            if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+                raise ValueError("comms.torch.Options: hints must be a dict or 'k=v,k=v', not %r" % (value,))
+            return {k: str(v) for k, v in value.items()}
+        if not isinstance(value, str):
+            raise ValueError("comms.torch.Options: %s must be a string, not %r" % (key, value))
+        return value
+
+    def to_hints(self):
+        """The comms hints these options become (comms.dist.to_hints: the same translation)."""
+        try:
+            return dict(_comms_dist.to_hints({"nccl": dict(self.nccl), "gloo": dict(self.gloo),
+                                              "hints": dict(self.hints)}))
+        except RuntimeError as e:  # a field also given as a raw hint
+            raise ValueError("comms.torch.Options: %s" % e) from None
+
+    def __repr__(self):
+        set_ = {k: getattr(self, k) for k in _OWN_FIELDS if getattr(self, k) not in (None, {})}
+        set_.update(self.nccl)
+        set_.update(self.gloo)
+        return "comms.torch.Options(%s)" % ", ".join("%s=%r" % kv for kv in sorted(set_.items()))
+
+
+def _from_nccl_options(pg_options):
+    """torch's ProcessGroupNCCL.Options, translated as comms.dist translates Megatron's."""
+    options = Options(is_high_priority_stream=bool(pg_options.is_high_priority_stream))
+    timeout = getattr(pg_options, "_timeout", None)
+    if timeout is not None and timeout != _c10d.default_pg_timeout:
+        options.timeout = timeout
+    config = getattr(pg_options, "config", None)
+    for key, kind in _NCCL_FIELDS.items():
+        value = getattr(config, key, None) if config is not None else None
+        # NCCL's "undefined" sentinels (INT_MIN, null strings) leave the default.
+        if kind is int and isinstance(value, int) and value >= 0:
+            setattr(options, key, value)
+        elif kind is str and isinstance(value, str) and value:
+            setattr(options, key, value)
+    return options
+
+
+def _options_of(pg_options):
+    if pg_options is None:
+        return Options()
+    if isinstance(pg_options, Options):
+        return pg_options
+    nccl_options = getattr(getattr(_c10d, "ProcessGroupNCCL", None), "Options", None)
+    if nccl_options is not None and isinstance(pg_options, nccl_options):
+        return _from_nccl_options(pg_options)
+    raise ValueError("comms.torch: pg_options must be comms.torch.Options, not %s" % type(pg_options).__name__)
+
+
+_state = {"splits": 0, "generation": 0, "names": {}}
+
+
+def _unique_name(name):
+    """Comm names are unique in a process and key the rendezvous: a group torch
+    creates twice (one backend per device, "cpu:comms,cuda:comms") gets a
+    suffix, in the same order on every rank."""
+    seen = _state["names"].get(name, 0)
+    _state["names"][name] = seen + 1
+    return name if seen == 0 else "%s.%d" % (name, seen)
+
+
+def _backend_of(pg):
+    """The comms backend behind a torch group, or None."""
+    if isinstance(pg, ProcessGroupComms):
+        return pg
+    get = getattr(pg, "_get_backend", None)  # torch >= 2: a ProcessGroup of per-device backends
+    if get is not None:
+        for device in ("cpu", "cuda"):
+            try:
+                backend = get(torch.device(device))
+            except (RuntimeError, ValueError):
+                continue
+            if isinstance(backend, ProcessGroupComms):
+                return backend
+    return None
+
+
+def _world_backend():
+    world = _c10d.GroupMember.WORLD
+    return _backend_of(world) if world is not None else None
+
+
+def _timeout_of(torch_timeout, explicit):
+    if explicit is not None:
+        return explicit
+    if torch_timeout is None or torch_timeout == _c10d.default_pg_timeout:
+        return None  # comms' own default (COMMS_OP_TIMEOUT, COMMS_INIT_TIMEOUT)
+    return datetime.timedelta(seconds=torch_timeout.total_seconds())
+
+
+def _create(*args):
+    if len(args) == 2:  # extended_api: (_DistributedBackendOptions, pg_options)
+        opts, pg_options = args
+        store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
+        group_id, global_ranks = str(opts.group_id), list(opts.global_ranks_in_group)
+    else:
+        (store, rank, size, timeout), pg_options = args, None
+        group_id, global_ranks = None, []
+    options = _options_of(pg_options)
+    hints = options.to_hints()
+    op_timeout = _timeout_of(timeout, options.timeout)
+    init_timeout = _timeout_of(timeout, options.init_timeout)
+    backend = options.backend or ""
+    world = _world_backend()
+    is_world = not global_ranks or world is None
+    if is_world:
+        _state["generation"] += 1
+        _state["splits"] = 0
+        _state["names"] = {}
+    if not is_world and _comms_dist.route_from_environment() == "split":
+        _state["splits"] += 1
+        name = "torch%d.split%d" % (_state["generation"], _state["splits"])
+        return _C.split(world, global_ranks, rank, name, backend, hints, op_timeout, init_timeout)
+    device = options.device
+    if is_world and device is None and _comms_dist.route_from_environment() == "split":
+        device = "cpu"  # the split route carves groups from an eagerly bound world
+    name = _unique_name("torch%d.%s" % (_state["generation"], group_id if group_id is not None else "pg"))
+    return _C.create(store, rank, size, name, backend, hints, op_timeout, init_timeout, device)
+
+
+def _split_for_nonmembers(helper):
+    """Under COMMS_ROUTE=split every rank of the world takes part in a split,
+    but torch calls the backend only on members: non-members join here."""
+    if getattr(helper, "_comms_torch", False):
+        return helper
+    signature = inspect.signature(helper)
+
+    @functools.wraps(helper)
+    def new_process_group_helper(*args, **kwargs):
+        pg = helper(*args, **kwargs)
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        ranks, backend = bound.get("global_ranks_in_group"), bound.get("backend")
+        if (pg is _c10d.GroupMember.NON_GROUP_MEMBER and ranks and str(backend).lower() == "comms"
+                and _comms_dist.route_from_environment() == "split"):
+            world = _world_backend()
+            if world is not None:
+                _state["splits"] += 1
+                _C.split_nonmember(world, "torch%d.split%d" % (_state["generation"], _state["splits"]))
+        return pg
+
+    new_process_group_helper._comms_torch = True
+    return new_process_group_helper
+
+
+def _comms_groups(group):
+    if group is None or group is _c10d.GroupMember.WORLD:
+        return [b for b in (_backend_of(pg) for pg in list(_c10d._pg_map)) if b is not None]
+    backend = _backend_of(group)
+    return [backend] if backend is not None else []
+
+
+def _finalizing(destroy):
+    """destroy_process_group(g) also finalizes exactly g's comm (every group's
+    with no argument), once torch has dropped the group."""
+    if getattr(destroy, "_comms_torch", False):
+        return destroy
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group=None):
+        doomed = _comms_groups(group) if group is not _c10d.GroupMember.NON_GROUP_MEMBER else []
+        destroy(group)
+        for backend in reversed(doomed):
+            backend.finalize()
+
+    destroy_process_group._comms_torch = True
+    return destroy_process_group
+
+
+def describe(group=None):
+    """The effective configuration of a group's comm, as JSON (comms' describe())."""
+    backend = _backend_of(group if group is not None else _c10d._get_default_group())
+    if backend is None:
+        raise ValueError("comms.torch.describe: the group does not use backend 'comms'")
+    return backend.describe()
+
+
+def _live_groups():
+    """Every comms group of this process, in creation order (the same on every rank)."""
+    return [b for b in (_backend_of(pg) for pg in list(_c10d._pg_map)) if b is not None and not b.is_finalized]
+
+
+def offload_groups(device_types=("cuda",)):
+    """Releases the Gloo/UCX/NCCL state of `device_types` in every comms group,
+    keeping each group and every option. Collective. Returns how many
+    backends were released."""
+    return sum(1 for b in _live_groups() for t in device_types if b.offload(t))
+
+
+def reload_groups(device_types=("cuda",)):
+    """Recreates what offload_groups released, with the same options. Collective."""
+    return sum(1 for b in _live_groups() for t in device_types if b.reload(t))
+
+
+def _register():
+    plugins = getattr(_dist.Backend, "_plugins", {})
+    if "COMMS" in plugins or "comms" in getattr(_dist.Backend, "backend_list", []):
+        return  # idempotent: registered by an earlier import (or a reload of this module)
+    parameters = inspect.signature(_dist.Backend.register_backend).parameters
+    kwargs = {}
+    if "extended_api" in parameters:
+        kwargs["extended_api"] = True
+    if "devices" in parameters:
+        kwargs["devices"] = ["cpu", "cuda"]
+    _dist.Backend.register_backend("comms", _create, **kwargs)
+
+
+_register()
+_c10d._new_process_group_helper = _split_for_nonmembers(_c10d._new_process_group_helper)
+_c10d.destroy_process_group = _finalizing(_c10d.destroy_process_group)
+_dist.destroy_process_group = _c10d.destroy_process_group
+
+__all__ = ["Options", "ProcessGroupComms", "describe", "offload_groups", "reload_groups"]

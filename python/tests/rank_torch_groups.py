@@ -1,0 +1,155 @@
+"""One rank of the torch group checks of backend "comms": new_group subsets
+(on the COMMS_ROUTE the test sets), options reaching the comm, timeouts,
+destroy_process_group of one group, offload/reload, bad input then a good op.
+Run by test_torch.py under commsrun at 4 ranks. Writes {check: "ok" | error}
+to OUT_DIR/rank<R>.json."""
+import datetime
+import json
+
+import torch
+import torch.distributed as dist
+
+import comms.torch
+import torch_rank
+from torch_rank import expect
+
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def summed(values, group=None):
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, group=group)
+    return t.tolist()
+
+
+def raises(fn, words, what):
+    try:
+        fn()
+    except (ValueError, RuntimeError) as e:
+        for w in words:
+            if w not in str(e):
+                raise AssertionError("%s: the error does not say %r: %s" % (what, w, e))
+        return e
+    raise AssertionError("%s did not raise" % what)
+
+
+@check
+def new_group_subsets(rank, size):
+    ends = dist.new_group([0, size - 1])
+    tail = dist.new_group(list(range(1, size)))
+    if rank in (0, size - 1):
+        expect((dist.get_rank(ends), dist.get_world_size(ends)), ([0, size - 1].index(rank), 2), "ends membership")
+        expect(summed([rank + 1], ends), [size + 1], "ends all_reduce")
+    else:
+        expect(ends, dist.GroupMember.NON_GROUP_MEMBER, "non-member of ends")
+    if rank >= 1:
+        expect(dist.get_rank(tail), rank - 1, "tail group rank")
+        expect(summed([rank], tail), [sum(range(1, size))], "tail all_reduce")
+        t = torch.full((3,), float(rank))
+        dist.broadcast(t, src=size - 1, group=tail)  # a global rank, as torch takes it
+        expect(t.tolist(), [size - 1.0] * 3, "tail broadcast from global rank %d" % (size - 1))
+    expect(summed([1]), [size], "world after the subsets")
+
+
+def has_lazy_nccl():
+    """The direct-route job's COMMS_BACKEND has a lazy cuda:nccl backend,
+    whose configuration is visible without a device (a split needs a bound
+    parent, so the split-route job runs on cpu:gloo alone)."""
+    return "cuda" in json.loads(comms.torch.describe())["backends"]
+
+
+@check
+def options_reach_the_comm(rank, size):
+    nccl_knobs = dict(is_high_priority_stream=True, max_ctas=8, cga_cluster_size=2, min_ctas=1)
+    opts = comms.torch.Options(timeout=17.5, busy_poll=False, **(nccl_knobs if has_lazy_nccl() else {}))
+    g = dist.new_group(list(range(size)), pg_options=opts)
+    described = json.loads(comms.torch.describe(g))
+    if has_lazy_nccl():
+        nccl = described["backends"]["cuda"]["config"]
+        expect({k: nccl["nccl_config"][k] for k in ("max_ctas", "cga_cluster_size", "min_ctas")},
+               {"max_ctas": 8, "cga_cluster_size": 2, "min_ctas": 1}, "NCCL config in describe()")
+        expect(nccl["stream_priority"]["class"], "high", "is_high_priority_stream in describe()")
+    expect(described["backends"]["cpu"]["config"]["busy_poll_enabled"], False, "busy_poll in describe()")
+    expect(described["op_timeout_ms"], 17500, "the option's timeout in describe()")
+    expect(summed([2], g), [2 * size], "all_reduce on the group with options")
+    dist.destroy_process_group(g)
+
+
+@check
+def bad_options_raise_value_error_naming_them(rank, size):
+    raises(lambda: comms.torch.Options(max_ctass=3), ["max_ctass"], "unknown option")
+    raises(lambda: comms.torch.Options(max_ctas="3"), ["max_ctas"], "bad value")
+    raises(lambda: comms.torch.Options(timeout=-1), ["timeout"], "negative timeout")
+    raises(lambda: dist.new_group(list(range(size)), pg_options=comms.torch.Options(hints={"no_such_hint": "1"})),
+           ["no_such_hint"], "an unknown hint")
+    expect(summed([1]), [size], "world after the refused group")
+
+
+@check
+def destroy_finalizes_exactly_that_group(rank, size):
+    a = dist.new_group(list(range(size)))
+    b = dist.new_group(list(range(size)))
+    backend_a = comms.torch._backend_of(a)
+    dist.destroy_process_group(a)
+    expect(backend_a.is_finalized, True, "the destroyed group's comm is finalized")
+    expect(comms.torch._backend_of(b).is_finalized, False, "the other group's comm is live")
+    expect(summed([3], b), [3 * size], "all_reduce on the group left")
+    expect(summed([1]), [size], "all_reduce on the world")
+    dist.destroy_process_group(b)
+
+
+@check
+def offload_reload_keeps_every_option(rank, size):
+    opts = comms.torch.Options(timeout=23, busy_poll=False, **({"max_ctas": 4} if has_lazy_nccl() else {}))
+    g = dist.new_group(list(range(size)), pg_options=opts)
+    expect(summed([1], g), [size], "before offload")
+    before = comms.torch.describe(g)
+    released = comms.torch.offload_groups(["cpu"])
+    if released < 2:
+        raise AssertionError("offload released %d backends, expected the world's and the group's" % released)
+    expect(comms.torch._backend_of(g).backend_state("cpu"), "offloaded", "state after offload")
+    raises(lambda: dist.all_reduce(torch.ones(1), group=g), ["offload"], "an op on an offloaded group")
+    expect(comms.torch.reload_groups(["cpu"]), released, "reloaded as many as released")
+    expect(comms.torch.describe(g), before, "describe() after reload")
+    expect(summed([rank], g), [sum(range(size))], "right after reload")
+    expect(summed([1]), [size], "world after reload")
+    dist.destroy_process_group(g)
+
+
+@check
+def group_timeout_is_honoured(rank, size):
+    g = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=2))
+    expect(json.loads(comms.torch.describe(g)).get("op_timeout_ms"), 2000, "the group's op timeout")
+    if size > 1:
+        t = torch.ones(4)
+        if rank == 0:
+            e = raises(lambda: dist.all_reduce(t, group=g), ["timeout"], "an all_reduce rank 0 alone enters")
+            if "all_reduce" not in str(e):
+                raise AssertionError("the timeout does not name the op: %s" % e)
+    dist.barrier()
+
+
+@check
+def bad_input_raises_before_sending(rank, size):
+    raises(lambda: dist.all_reduce(torch.ones(4, 4).t()), ["contiguous"], "a non-contiguous tensor")
+    raises(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)), ["all_reduce", "int16"], "an int16 reduction")
+    raises(lambda: dist.all_gather([torch.zeros(2)] * size, torch.zeros(3)), ["elements"], "mismatched sizes")
+    raises(lambda: dist.all_gather([torch.zeros(2, dtype=torch.int32)] * size, torch.zeros(2)), ["dtype"],
+           "mismatched dtypes")
+    raises(lambda: dist.all_to_all_single(torch.zeros(size + 1), torch.zeros(size + 1),
+                                          output_split_sizes=[1] * size, input_split_sizes=[1] * size),
+           ["split"], "split sizes that do not add up")
+    expect(summed([rank + 1]), [size * (size + 1) / 2], "a good op after the bad input")
+
+
+def main():
+    torch_rank.run(CHECKS)
+
+
+if __name__ == "__main__":
+    main()
