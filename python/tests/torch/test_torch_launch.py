@@ -25,8 +25,12 @@ def environment():
 
 
 def comms_torch_built():
+    """Whether comms.torch imports; where the build has it (COMMS_TORCH_BUILT=1,
+    set by Meson), an import that fails is a failure, not a skip."""
     probe = subprocess.run([sys.executable, "-c", "import comms.torch"], env=environment(), capture_output=True,
                            text=True, timeout=60)
+    if probe.returncode != 0 and os.environ.get("COMMS_TORCH_BUILT") == "1":
+        pytest.fail("comms.torch is built but does not import:\n" + probe.stderr)
     return probe.returncode == 0
 
 
