@@ -79,9 +79,15 @@ def failure_reason(text):
     error, torch puts the rank's traceback last), else the last line."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     for line in reversed(lines):
-        if re.match(r"^[\w.]*(Error|Exception|Exit|Interrupt|Timeout)\b.*", line):
+        # "RuntimeError: ...", not the C++ frames ("Exception raised from ...").
+        if re.match(r"^[\w.]*(Error|Exception|Exit|Interrupt|Timeout)(:|$)", line):
             return line[:400]
     return lines[-1][:400] if lines else ""
+
+
+def rank_errors(log_text):
+    """The ranks' tracebacks in a test's output, without torch's INFO lines."""
+    return "\n".join(line for line in log_text.splitlines() if not line.startswith("INFO:"))
 
 
 def skip_reason(reason, name, log_text):
@@ -131,8 +137,14 @@ def run_test(case_class, name, log):
     elif result.errors:
         record.update(outcome="error", reason=failure_reason(result.errors[0][1]), detail=result.errors[0][1][-4000:])
     elif result.failures:
-        record.update(outcome="fail", reason=failure_reason(result.failures[0][1]),
-                      detail=result.failures[0][1][-4000:])
+        text = result.failures[0][1]
+        reason = failure_reason(text)
+        if "Expected zero exit code" in text:
+            # A rank died outside torch's error reporting (in init_process_group,
+            # say): what it raised is in its output.
+            reason = "a rank exited with %s: %s" % (text.split("Expected zero exit code but got ")[-1].split()[0],
+                                                    failure_reason(rank_errors(log_text)) or "no exception in its output")
+        record.update(outcome="fail", reason=reason, detail=text[-4000:])
     elif result.unexpectedSuccesses:
         record.update(outcome="fail", reason="unexpected success")
     return record
