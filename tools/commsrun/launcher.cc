@@ -19,12 +19,9 @@ namespace str = comms::str;
 
 int Launcher::run(uint16_t store_port) {
   if (!setup_signals()) return 1;
-  RankAddresses addresses{store_port, 0};
-  if (auto master_port = choose_master_port(store_port)) {
-    addresses.master_port = *master_port;
-  } else {
-    return pending_stop_signal_seen_ ? 128 + pending_stop_signal_seen_ : 1;
-  }
+  const auto master_port = choose_master_port(store_port);
+  if (!master_port) return exit_code_.value_or(1);
+  const RankAddresses addresses{store_port, *master_port};
   for (int local = 0; local < options_.nproc; ++local) {
     if (!start_rank(local, addresses)) {
       begin_stop(SIGTERM);

@@ -45,9 +45,9 @@ class Launcher {
   // SIGINT, SIGTERM or SIGHUP received since the ranks ended, else 0.
   int pending_stop_signal();
   // (master_port.cc) The ranks' MASTER_PORT, the same on every node; none
-  // (said) when it cannot be had.
+  // (said) when it cannot be had, with exit_code_ set when a signal ended
+  // the wait for node 0.
   std::optional<uint16_t> choose_master_port(uint16_t store_port);
-  int pending_stop_signal_seen_ = 0;  // a signal that ended choose_master_port
 
   LaunchOptions options_;
   std::string program_path_;

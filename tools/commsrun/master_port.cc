@@ -102,7 +102,7 @@ std::optional<uint16_t> Launcher::choose_master_port(uint16_t store_port) {
     }
     if (int sig = pending_stop_signal()) {
       say(str::cat("received ", signal_name(sig), " while waiting for node 0's store"));
-      pending_stop_signal_seen_ = sig;
+      exit_code_ = 128 + sig;
       return std::nullopt;
     }
   }
