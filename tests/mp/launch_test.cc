@@ -190,24 +190,31 @@ TEST(Launch, AFileStoreIsPerJobOrRefusedWhenAnEarlierRunLeftKeys) {
   const utimbuf times{hour_ago, hour_ago};
   ASSERT_EQ(::utime(stale.c_str(), &times), 0);
   const std::string store = "file://" + dir.path.string();
-  auto env = kGloo;
+  auto env = bare_environment();
   env["COMMS_STORE"] = store;
   env["COMMS_INIT_TIMEOUT"] = "30s";
-  env["COMMS_JOB_ID"] = "";
-  env["SLURM_JOB_ID"] = "";
-  const auto refused = run({COMMSRUN, "-n", "2", TRAINER, "--steps", "5"}, env, 60s);
-  EXPECT_NE(refused.exit_code(), 0) << refused.output;
-  EXPECT_NE(refused.output.find("COMMS_STORE='" + store + "' holds keys from an earlier run ('comms%2Fworld%2Fold' "
-                                "was written 36"),
-            std::string::npos)
-      << refused.output;
-  EXPECT_NE(refused.output.find("or set COMMS_JOB_ID to a value unique to each job"), std::string::npos)
-      << refused.output;
-  EXPECT_LT(refused.elapsed_s(), 20) << "it waited instead of refusing";
+  env["WORLD_SIZE"] = "2";
+  // Started by hand: under commsrun, the ranks' COMMS_STORE is commsrun's own store.
+  const auto rank_variables = [](int r) { return std::map<std::string, std::string>{{"RANK", std::to_string(r)}}; };
+  auto refused = start_ranks(2, env, rank_variables, {"--steps", "5"});
+  for (auto& rank : refused) {
+    ASSERT_TRUE(rank.wait(60s)) << rank.output;
+    EXPECT_NE(rank.exit_code(), 0) << rank.output;
+    EXPECT_NE(rank.output.find("COMMS_STORE='" + store + "' holds keys from an earlier run ('comms%2Fworld%2Fold' "
+                               "was written 36"),
+              std::string::npos)
+        << rank.output;
+    EXPECT_NE(rank.output.find("or set COMMS_JOB_ID to a value unique to each job"), std::string::npos)
+        << rank.output;
+    EXPECT_LT(rank.elapsed_s(), 20) << "it waited instead of refusing";
+  }
 
   env["COMMS_JOB_ID"] = "job-7";
-  const auto ran = run({COMMSRUN, "-n", "2", TRAINER, "--steps", "5"}, env, 60s);
-  EXPECT_EQ(ran.exit_code(), 0) << ran.output;
+  auto ran = start_ranks(2, env, rank_variables, {"--steps", "5"});
+  for (auto& rank : ran) {
+    ASSERT_TRUE(rank.wait(60s)) << rank.output;
+    EXPECT_EQ(rank.exit_code(), 0) << rank.output;
+  }
   EXPECT_TRUE(std::filesystem::is_directory(dir.path / "job-7")) << "the job's keys are not in its own subfolder";
 }
 

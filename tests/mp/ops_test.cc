@@ -364,7 +364,11 @@ TEST(Ops, ATinyFirstMessageLeavesEverySocketRoomForTheSyncPath) {
     std::fclose(f);
   }
   const int want = int(2 * std::min<long>(256 * 1024, wmem_max));  // the kernel doubles what was set
-  const char* store_port = std::getenv("MASTER_PORT");
+  // The store's port: commsrun's is in COMMS_STORE (tcp://host:port), a hand-launched rank 0's at MASTER_PORT.
+  int store_port = std::getenv("MASTER_PORT") ? std::atoi(std::getenv("MASTER_PORT")) : 0;
+  if (const char* url = std::getenv("COMMS_STORE"); url && std::strchr(url, ':')) {
+    store_port = std::atoi(std::strrchr(url, ':') + 1);
+  }
   int gloo_sockets = 0;
   for (int fd = 0; fd < 4096; ++fd) {
     int type = 0, sndbuf = 0;
@@ -373,7 +377,7 @@ TEST(Ops, ATinyFirstMessageLeavesEverySocketRoomForTheSyncPath) {
     sockaddr_in peer{};
     socklen_t plen = sizeof peer;
     if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0 || peer.sin_family != AF_INET) continue;
-    if (store_port && ntohs(peer.sin_port) == std::atoi(store_port)) continue;  // the store's connection
+    if (ntohs(peer.sin_port) == store_port) continue;  // the store's connection
     len = sizeof sndbuf;
     getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &len);
     EXPECT_GE(sndbuf, want) << "socket " << fd << " to port " << ntohs(peer.sin_port);

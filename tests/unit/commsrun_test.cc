@@ -148,45 +148,62 @@ std::string describe(const RunResult& r) {
 // A TCP port that was free a moment ago.
 int free_port() { return comms::testing::free_loopback_port(); }
 
-TEST(Commsrun, RanksReceiveTheTorchrunVariablesAndTheRealStorePort) {
+// The store goes by COMMS_STORE; MASTER_ADDR/MASTER_PORT are the program's
+// (torch's TCPStore binds them: store_probe's rank 0 checks it can).
+TEST(Commsrun, RanksReceiveTheTorchrunVariablesAndTheStoreInItsOwnVariable) {
   auto r = run_commsrun({"-n", "3", "--master-port", "0", "--", "sh", "-c",
                          "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
-                         "$COMMS_LAUNCHER_STORE"});
+                         "$COMMS_STORE launcher_store=$COMMS_LAUNCHER_STORE"},
+                        20s, std::nullopt, {{"COMMS_LAUNCHER_STORE", ""}, {"COMMS_STORE", "file:///not/ours"}});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   auto lines = lines_of(r.out);
   ASSERT_EQ(lines.size(), 3u) << describe(r);
-  std::set<std::string> ports;
+  std::set<std::string> master_ports, store_ports;
   std::set<int> ranks;
-  std::regex pattern(R"(\[(\d)\] (\d) 3 (\d) 3 127\.0\.0\.1 (\d+) 1)");
+  std::regex pattern(R"(\[(\d)\] (\d) 3 (\d) 3 127\.0\.0\.1 (\d+) tcp://127\.0\.0\.1:(\d+) launcher_store=)");
   for (const auto& line : lines) {
     std::smatch m;
     ASSERT_TRUE(std::regex_match(line, m, pattern)) << line;
     EXPECT_EQ(m[1], m[2]) << "prefix and RANK differ: " << line;
     EXPECT_EQ(m[2], m[3]) << "RANK and LOCAL_RANK differ on one node: " << line;
     ranks.insert(std::stoi(m[1]));
-    ports.insert(m[4]);
+    master_ports.insert(m[4]);
+    store_ports.insert(m[5]);
   }
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
-  ASSERT_EQ(ports.size(), 1u) << "ranks saw different ports";
-  EXPECT_GT(std::stoi(*ports.begin()), 0);
+  ASSERT_EQ(master_ports.size(), 1u) << "ranks saw different MASTER_PORTs";
+  ASSERT_EQ(store_ports.size(), 1u) << "ranks saw different stores";
+  EXPECT_GT(std::stoi(*master_ports.begin()), 0);
+  EXPECT_GT(std::stoi(*store_ports.begin()), 0);
+  EXPECT_NE(*master_ports.begin(), *store_ports.begin()) << "MASTER_PORT is commsrun's store";
 }
 
 TEST(Commsrun, ASecondNodeNumbersItsRanksAfterTheFirst) {
   std::string port = std::to_string(free_port());
   auto node0 = std::async(std::launch::async, [&] {
-    return run_commsrun({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "-n", "2", "--", "true"});
+    return run_commsrun({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "-n", "2", "--", "sh", "-c",
+                         "echo $MASTER_PORT $COMMS_STORE"});
   });
   auto r = run_commsrun({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "-n", "2", "--", "sh",
-                         "-c", "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_PORT"});
-  EXPECT_EQ(node0.get().exit_code, 0);
+                         "-c", "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_PORT $COMMS_STORE"});
+  auto r0 = node0.get();
+  ASSERT_EQ(r0.exit_code, 0) << describe(r0);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
+  // Node 0 picked MASTER_PORT; node 1's ranks got the same one from its store.
+  std::smatch picked;
+  ASSERT_TRUE(std::regex_search(r0.out, picked, std::regex(R"(\[0\] (\d+) tcp://127\.0\.0\.1:)" + port)))
+      << describe(r0);
+  const std::string master_port = picked[1];
+  EXPECT_NE(master_port, port);
+  EXPECT_TRUE(contains(r0.out, "[1] " + master_port + " tcp://127.0.0.1:" + port)) << describe(r0);
   // Without a token the only thing said is that the store is open.
   EXPECT_EQ(r.err, "commsrun: warning: no COMMS_STORE_TOKEN: the store at 127.0.0.1:" + port +
                        " serves anyone who can reach it; set the same COMMS_STORE_TOKEN (or COMMS_STORE_TOKEN_FILE) "
                        "on every node\n");
   auto lines = lines_of(r.out);
   std::sort(lines.begin(), lines.end());
-  EXPECT_EQ(lines, (std::vector<std::string>{"[2] 2 4 0 2 " + port, "[3] 3 4 1 2 " + port})) << describe(r);
+  const std::string tail = master_port + " tcp://127.0.0.1:" + port;
+  EXPECT_EQ(lines, (std::vector<std::string>{"[2] 2 4 0 2 " + tail, "[3] 3 4 1 2 " + tail})) << describe(r);
 }
 
 TEST(Commsrun, EveryOutputLineCarriesItsRankAndPartialLastLinesAreKept) {

@@ -1,7 +1,16 @@
 // A rank program for commsrun_test: joins the TCP store that commsrun hosts
-// (MASTER_ADDR/MASTER_PORT), checks that every rank can see every other
-// rank's key, and prints one line that the test reads.
+// (COMMS_STORE=tcp://host:port), checks that every rank can see every other
+// rank's key, and prints one line that the test reads. Rank 0 also binds
+// MASTER_ADDR:MASTER_PORT, as a torch program's TCPStore would: nothing of
+// commsrun's may listen there.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -18,15 +27,34 @@ std::string required_env(const char* name) {
   return value;
 }
 
+// Throws unless a listening socket can take MASTER_ADDR:MASTER_PORT (an
+// IPv4 address here, as commsrun's tests give).
+void bind_master_port(const std::string& addr, int port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) throw std::runtime_error("MASTER_ADDR=" + addr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0 && ::listen(fd, 1) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!bound) throw std::runtime_error("MASTER_PORT " + std::to_string(port) + " is taken: " + std::strerror(err));
+}
+
 }  // namespace
 
 int main() {
   try {
     const int rank = std::stoi(required_env("RANK"));
     const int world_size = std::stoi(required_env("WORLD_SIZE"));
-    const std::string host = required_env("MASTER_ADDR");
-    const int port = std::stoi(required_env("MASTER_PORT"));
-    if (required_env("COMMS_LAUNCHER_STORE") != "1") throw std::runtime_error("COMMS_LAUNCHER_STORE is not 1");
+    const std::string url = required_env("COMMS_STORE");
+    const size_t colon = url.rfind(':');
+    if (url.rfind("tcp://", 0) != 0 || colon == std::string::npos) throw std::runtime_error("COMMS_STORE=" + url);
+    const std::string host = url.substr(6, colon - 6);
+    const int port = std::stoi(url.substr(colon + 1));
+    if (rank == 0) bind_master_port(required_env("MASTER_ADDR"), std::stoi(required_env("MASTER_PORT")));
 
     auto store = comms::connect_tcp_store(host, static_cast<uint16_t>(port), std::chrono::seconds(5));
     store->set("probe/rank/" + std::to_string(rank), std::to_string(rank * 10));

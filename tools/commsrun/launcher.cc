@@ -19,8 +19,11 @@ namespace str = comms::str;
 
 int Launcher::run(uint16_t store_port) {
   if (!setup_signals()) return 1;
+  const auto master_port = choose_master_port(store_port);
+  if (!master_port) return exit_code_.value_or(1);
+  const RankAddresses addresses{store_port, *master_port};
   for (int local = 0; local < options_.nproc; ++local) {
-    if (!start_rank(local, store_port)) {
+    if (!start_rank(local, addresses)) {
       begin_stop(SIGTERM);
       exit_code_ = 1;
       break;
@@ -48,9 +51,9 @@ bool Launcher::setup_signals() {
   return true;
 }
 
-bool Launcher::start_rank(int local_rank, uint16_t store_port) {
+bool Launcher::start_rank(int local_rank, const RankAddresses& addresses) {
   RankProcess rank;
-  if (!spawn_rank(options_, program_path_, local_rank, store_port, &rank)) return false;
+  if (!spawn_rank(options_, program_path_, local_rank, addresses, &rank)) return false;
   ranks_.push_back(std::move(rank));
   return true;
 }

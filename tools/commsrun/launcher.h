@@ -27,7 +27,7 @@ class Launcher {
 
  private:
   bool setup_signals();
-  bool start_rank(int local_rank, uint16_t store_port);
+  bool start_rank(int local_rank, const RankAddresses& addresses);
   int running_count() const;
   // Signals the rank's process group, or the rank alone if it has none yet.
   static void signal_rank(const RankProcess& rank, int sig);
@@ -44,6 +44,10 @@ class Launcher {
   int exit_barrier(int code, uint16_t store_port);
   // SIGINT, SIGTERM or SIGHUP received since the ranks ended, else 0.
   int pending_stop_signal();
+  // (master_port.cc) The ranks' MASTER_PORT, the same on every node; none
+  // (said) when it cannot be had, with exit_code_ set when a signal ended
+  // the wait for node 0.
+  std::optional<uint16_t> choose_master_port(uint16_t store_port);
 
   LaunchOptions options_;
   std::string program_path_;

@@ -11,7 +11,9 @@
 // for ranks started some other way (COMMS_STORE=tcp://A:P).
 //
 // Ranks get the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus COMMS_LAUNCHER_STORE=1.
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), MASTER_PORT being a free port
+// left to the program's own store (torch's TCPStore), and COMMS_STORE=
+// tcp://A:P, the store commsrun hosts, which comms reads first.
 // The store asks every client for a token: COMMS_STORE_TOKEN or
 // COMMS_STORE_TOKEN_FILE when set (the ranks inherit it), else, for a
 // single-node job, a random one that only this launcher's ranks receive
@@ -25,7 +27,8 @@
 // are blocked and read from a signalfd.
 //
 // Files: options (the command line), spawn (one rank's process), output (line
-// relays), launcher (the node's event loop), exit_barrier (multi-node exit).
+// relays), launcher (the node's event loop), master_port (the program's
+// port), exit_barrier (multi-node exit).
 #include <signal.h>
 
 #include <cerrno>

@@ -22,17 +22,26 @@ namespace {
 
 namespace str = comms::str;
 
+// tcp://host:port, with an IPv6 address in brackets.
+std::string store_url(const std::string& host, uint16_t port) {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return str::cat("tcp://", ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":", port);
+}
+
 // The parent's environment with the launcher's variables replacing any
-// inherited ones.
-std::vector<std::string> rank_environment(const LaunchOptions& options, int local_rank, uint16_t port) {
+// inherited ones. MASTER_ADDR/MASTER_PORT are the program's: commsrun's
+// store goes by COMMS_STORE, which comms reads first, so that a torch
+// program's own TCPStore never talks to it.
+std::vector<std::string> rank_environment(const LaunchOptions& options, int local_rank,
+                                          const RankAddresses& addresses) {
   std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(options.node_rank * options.nproc + local_rank)},
       {"WORLD_SIZE", std::to_string(options.nnodes * options.nproc)},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
       {"MASTER_ADDR", options.master_addr},
-      {"MASTER_PORT", std::to_string(port)},
-      {"COMMS_LAUNCHER_STORE", "1"},
+      {"MASTER_PORT", std::to_string(addresses.master_port)},
+      {"COMMS_STORE", store_url(options.master_addr, addresses.store_port)},
   };
   if (options.token_generated) ours.emplace_back("COMMS_STORE_TOKEN", options.store_token);
   std::vector<std::string> env;
@@ -77,7 +86,7 @@ std::optional<std::string> find_program(const std::string& name) {
 }
 
 bool spawn_rank(const LaunchOptions& options, const std::string& program_path, int local_rank,
-                uint16_t store_port, RankProcess* out) {
+                const RankAddresses& addresses, RankProcess* out) {
   RankProcess rank;
   rank.local_rank = local_rank;
   rank.rank = options.node_rank * options.nproc + local_rank;
@@ -94,7 +103,7 @@ bool spawn_rank(const LaunchOptions& options, const std::string& program_path, i
   }
   // Everything the child needs is built before fork: the store server's
   // thread may hold the allocator's lock at the moment we fork.
-  std::vector<std::string> env = rank_environment(options, local_rank, store_port);
+  std::vector<std::string> env = rank_environment(options, local_rank, addresses);
   std::vector<char*> envp = c_strings(env);
   std::vector<std::string> args = options.command;
   std::vector<char*> argv = c_strings(args);

@@ -13,6 +13,14 @@
 
 namespace commsrun {
 
+// Where a rank's rendezvous happen: commsrun's store (COMMS_STORE), and a
+// port nothing of ours listens on for the program's own (MASTER_PORT, where
+// rank 0 of a torch program hosts torch's TCPStore).
+struct RankAddresses {
+  uint16_t store_port = 0;
+  uint16_t master_port = 0;
+};
+
 struct RankProcess {
   int rank = 0;
   int local_rank = 0;
@@ -30,6 +38,6 @@ std::optional<std::string> find_program(const std::string& name);
 // group, stdin /dev/null, its output relayed with a "[rank] " prefix. Says
 // why and returns false if it could not.
 bool spawn_rank(const LaunchOptions& options, const std::string& program_path, int local_rank,
-                uint16_t store_port, RankProcess* out);
+                const RankAddresses& addresses, RankProcess* out);
 
 }  // namespace commsrun
