@@ -13,8 +13,8 @@
 // either path. Each slot starts with the op's length and number, so ranks
 // that pass different counts get CountMismatch as on the exchange path.
 //
-// Slots alternate by op parity; a rank writes a slot again only once every
-// peer has read the op before the previous one there. Waiting follows the
+// Each rank has kDepth slots, used in turn; a rank writes a slot again only
+// once every peer has read the op that used it last. Waiting follows the
 // UCX settings: spin (yielding when asked) up to the spin time, then sleep
 // on a futex in the segment, in slices of at most kSliceMs, between which a
 // dead peer process, the deadline and abort are checked.
@@ -44,6 +44,9 @@ class ShmCollectives {
   // whole input). Above it the UCX path wins or ties (docs/PERFORMANCE.md).
   static constexpr size_t kMaxBytes = 16 * 1024;
   static constexpr int kSliceMs = 50;
+  // Slots per rank, used in turn: a broadcast's root (which waits for no
+  // one) runs at most this many ops ahead of its slowest reader.
+  static constexpr uint64_t kDepth = 8;
 
   // Collective over the comm's store: every rank gets a segment, or every
   // rank gets nullptr (a rank could not map it; then the UCX path runs
@@ -97,8 +100,10 @@ class ShmCollectives {
   void all_gather(const plugin::OpDesc& op, Clock::time_point deadline);
   void broadcast(const plugin::OpDesc& op, Clock::time_point deadline);
   void barrier(Clock::time_point deadline);
-  // Before writing this op's slot: the op two back used it.
-  void reuse_guard(uint64_t op, Clock::time_point deadline) { if (op > 2) wait_done(op - 2, deadline); }
+  // Before writing this op's slot: the op kDepth back used it.
+  void reuse_guard(uint64_t op, Clock::time_point deadline) {
+    if (op > kDepth) wait_done(op - kDepth, deadline);
+  }
 
   UcxTransport& t_;
   const int rank_, size_;

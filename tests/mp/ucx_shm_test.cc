@@ -165,8 +165,9 @@ TEST(UcxShm, ReduceScatterAllGatherAndBroadcastMatchTheUcxPath) {
   }
 }
 
-// Ranks far out of step: slots are reused every other op, so a rank that
-// runs ahead must wait for the others to read before it writes again.
+// Ranks far out of step: each rank's slots are reused every 8 ops, so a
+// rank that runs ahead (a broadcast's root waits for no one) must wait for
+// the others to read before it writes a slot again.
 TEST(UcxShm, ManyBackToBackOpsWithARankThatLagsStayCorrect) {
   auto& c = comms();
   const int rank = c.shm->rank(), size = c.shm->size();
@@ -184,6 +185,22 @@ TEST(UcxShm, ManyBackToBackOpsWithARankThatLagsStayCorrect) {
     }
     c.shm->all_reduce(BufferView::of(x), ReduceOp::sum());
     ASSERT_EQ(x[0], static_cast<float>(size * i + size * (size - 1) / 2)) << "op " << i;
+  }
+}
+
+// A broadcast's root waits for no reader: with the readers late, it runs up
+// to the slot depth ahead and then must wait, never overwriting an unread op.
+TEST(UcxShm, BroadcastsFromARootFarAheadOfItsReadersStayCorrect) {
+  auto& c = comms();
+  const int rank = c.shm->rank();
+  for (int round = 0; round < 3; ++round) {
+    if (rank != 0) usleep(50000);
+    for (int i = 0; i < 40; ++i) {
+      std::vector<int32_t> x(100, rank == 0 ? 1000 * round + i : -1);
+      c.shm->broadcast(BufferView::of(x), 0);
+      ASSERT_EQ(x[0], 1000 * round + i) << "round " << round << " op " << i;
+      ASSERT_EQ(x[99], 1000 * round + i) << "round " << round << " op " << i;
+    }
   }
 }
 
