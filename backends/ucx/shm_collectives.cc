@@ -248,9 +248,9 @@ void ShmCollectives::run(const plugin::OpDesc& op) {
   switch (op.type) {
     case OpType::kBarrier: return barrier(deadline);
     case OpType::kBroadcast: return broadcast(op, deadline);
-    case OpType::kAllReduce: return all_reduce(op, deadline);
+    case OpType::kAllReduce: return reduce(op, 1, deadline);
     case OpType::kAllGather: return all_gather(op, deadline);
-    case OpType::kReduceScatter: return reduce_scatter(op, deadline);
+    case OpType::kReduceScatter: return reduce(op, static_cast<size_t>(size_), deadline);
     default: throw std::logic_error("no shared-memory algorithm for this op");
   }
 }
@@ -289,43 +289,31 @@ void ShmCollectives::reduce_slots(void* out, uint64_t op, size_t offset, size_t 
   for (int r = 2; r < size_; ++r) fn(out, out, block(r), count);
 }
 
-void ShmCollectives::all_reduce(const plugin::OpDesc& op, Clock::time_point deadline) {
-  const cpu_algorithms::ReduceFn fn = cpu_algorithms::reduce_fn(op.dtype, op.reduce.kind);
-  if (!fn) throw std::invalid_argument("no reduction for this dtype and kind");
+uint64_t ShmCollectives::exchange(const void* in, size_t bytes, size_t block_bytes, Clock::time_point deadline) {
   const uint64_t k = ++ops_;
-  const size_t bytes = op.count * element_size(op.dtype);
   reuse_guard(k, deadline);
-  write_slot(k, op.input, bytes, bytes);
+  write_slot(k, in, bytes, block_bytes);
   publish(flags_[rank_].arrived, k);
   wait_arrived(k, -1, deadline);
-  const Reading reading(*this, k);
-  check_lengths(k, bytes);
-  reduce_slots(op.output, k, 0, op.count, fn);
-  cpu_algorithms::finish_reduction(op, op.output, op.count, size_);
+  return k;
 }
 
-void ShmCollectives::reduce_scatter(const plugin::OpDesc& op, Clock::time_point deadline) {
+// all_reduce (blocks 1) and reduce_scatter (blocks = size: each slot holds a
+// rank's whole input, and this rank reduces its own block of each).
+void ShmCollectives::reduce(const plugin::OpDesc& op, size_t blocks, Clock::time_point deadline) {
   const cpu_algorithms::ReduceFn fn = cpu_algorithms::reduce_fn(op.dtype, op.reduce.kind);
   if (!fn) throw std::invalid_argument("no reduction for this dtype and kind");
-  const uint64_t k = ++ops_;
-  const size_t bytes = op.count * element_size(op.dtype);  // this rank's block
-  reuse_guard(k, deadline);
-  write_slot(k, op.input, bytes * static_cast<size_t>(size_), bytes);
-  publish(flags_[rank_].arrived, k);
-  wait_arrived(k, -1, deadline);
+  const size_t bytes = op.count * element_size(op.dtype);  // this rank's result
+  const uint64_t k = exchange(op.input, bytes * blocks, bytes, deadline);
   const Reading reading(*this, k);
   check_lengths(k, bytes);
-  reduce_slots(op.output, k, static_cast<size_t>(rank_) * bytes, op.count, fn);
+  reduce_slots(op.output, k, blocks > 1 ? static_cast<size_t>(rank_) * bytes : 0, op.count, fn);
   cpu_algorithms::finish_reduction(op, op.output, op.count, size_);
 }
 
 void ShmCollectives::all_gather(const plugin::OpDesc& op, Clock::time_point deadline) {
-  const uint64_t k = ++ops_;
   const size_t bytes = op.count * element_size(op.dtype);
-  reuse_guard(k, deadline);
-  write_slot(k, op.input, bytes, bytes);
-  publish(flags_[rank_].arrived, k);
-  wait_arrived(k, -1, deadline);
+  const uint64_t k = exchange(op.input, bytes, bytes, deadline);
   const Reading reading(*this, k);
   check_lengths(k, bytes);
   auto* out = static_cast<unsigned char*>(op.output);

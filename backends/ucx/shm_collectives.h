@@ -95,8 +95,10 @@ class ShmCollectives {
   void wait_until(Ready ready, int only_peer, Clock::time_point deadline, const char* what);
   void sleep(Clock::time_point deadline);
 
-  void all_reduce(const plugin::OpDesc& op, Clock::time_point deadline);
-  void reduce_scatter(const plugin::OpDesc& op, Clock::time_point deadline);
+  // Fills this rank's slot (bytes of in, headed by block_bytes) and waits
+  // for every peer's; returns the op's number, whose slots are then read.
+  uint64_t exchange(const void* in, size_t bytes, size_t block_bytes, Clock::time_point deadline);
+  void reduce(const plugin::OpDesc& op, size_t blocks, Clock::time_point deadline);
   void all_gather(const plugin::OpDesc& op, Clock::time_point deadline);
   void broadcast(const plugin::OpDesc& op, Clock::time_point deadline);
   void barrier(Clock::time_point deadline);
