@@ -203,7 +203,14 @@ void ShmCollectives::wait_until(Ready ready, int only_peer, Clock::time_point de
       throw TransportError(Kind::kTimeout, p,
                            std::string(what) + " with rank " + std::to_string(p) + " (shared memory) timed out");
     }
-    t_.check_peer(p);  // throws kPeerFailure once its process has exited
+    try {
+      t_.check_peer(p);  // throws kPeerFailure once its process has exited
+    } catch (const TransportError&) {
+      if (!ready(p)) throw;
+      // It published, then exited: its part is here.
+      if ((p = missing()) < 0) return;
+      continue;
+    }
     // A peer may be waiting in UCX for a send this rank left in flight.
     const bool sending = t_.progress_in_flight();
     if (spin_forever_.load(std::memory_order_relaxed) || now < spin_until) {

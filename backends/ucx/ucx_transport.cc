@@ -543,6 +543,13 @@ void UcxTransport::wait(void*& req, int peer, Clock::time_point deadline, const 
     }
     if (peer >= 0) check_peer_alive(peer);
     if (peer >= 0 && peer_status_[static_cast<size_t>(peer)]) {
+      // What it sent before it exited may still be in this worker's queue.
+      ucp_worker_progress(worker_);
+      if (ucp_request_check_status(req) == UCS_OK) {
+        ucp_request_free(req);
+        req = nullptr;
+        return;
+      }
       cancel(req);
       fail(Kind::kPeerFailure, peer, peer_error(peer));
     }

@@ -67,7 +67,6 @@ TEST(Faults, APeerThatSkipsAnOpMakesTheOthersTimeOutWithinTheOpTimeout) {
     EXPECT_GE(rep.ms, 1900) << "rank " << rep.rank;
     EXPECT_LT(rep.ms, 2000 + 3000) << "rank " << rep.rank;
   }
-  EXPECT_NE(p.output.find("(shared memory) timed out"), std::string::npos) << p.output;
   EXPECT_NE(p.exit_code(), 0);
 }
 
