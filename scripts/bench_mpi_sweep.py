@@ -66,12 +66,23 @@ def run_json(cmd, timeout):
         os.unlink(path)
 
 
+def binding(args, ranks):
+    """mpirun binds each rank to a core when the ranks fit the cores (and to
+    none when they outnumber them); commsrun binds nothing, so the comms side
+    gets the same with taskset, else the scheduler may put two ranks on one
+    core (8 B all_reduce at 2 ranks: ~1 µs bound, ~10 µs sharing a core)."""
+    cores = len(os.sched_getaffinity(0))
+    if args.no_bind or ranks > cores:
+        return []
+    return ["sh", "-c", 'exec taskset -c "$((LOCAL_RANK %% %d))" "$@"' % cores, "bind"]
+
+
 def commands(args, op, ranks, size, iters):
     warm = max(2, iters // 10)
     common = ["--minbytes", str(size), "--maxbytes", str(size), "--iters", str(iters), "--warmup", str(warm)]
-    comms = [os.path.join(args.build, "tools", "commsrun"), "-n", str(ranks), "--timeout", str(args.timeout), "--",
-             os.path.join(args.build, "tools", "comms-bench"), "-C", op, "--outofplace", "--check", "1",
-             "--backend", args.backend] + common
+    comms = [os.path.join(args.build, "tools", "commsrun"), "-n", str(ranks), "--timeout", str(args.timeout), "--"]
+    comms += binding(args, ranks) + [os.path.join(args.build, "tools", "comms-bench"), "-C", op, "--outofplace",
+                                     "--check", "1", "--backend", args.backend] + common
     mpi = ["mpirun", "--oversubscribe", "-np", str(ranks)]
     if os.geteuid() == 0:
         mpi.append("--allow-run-as-root")
@@ -121,6 +132,8 @@ def main():
     ap.add_argument("--budget-bytes", type=int, default=1 << 28,
                     help="iterations = budget / size, between 10 and --iters")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per launch")
+    ap.add_argument("--no-bind", action="store_true",
+                    help="do not bind comms' ranks to cores (mpirun binds them when they fit the cores)")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs must be at least 1")
@@ -148,12 +161,13 @@ def main():
                 print("%-14s n=%d %10d B  comms %10.2f µs  MPI %10.2f µs  ratio %s" % (
                     op, ranks, r["bytes"], r["comms_p50_us"], r["mpi_p50_us"],
                     "%.2f" % r["ratio"] if r["ratio"] is not None else "n/a"), flush=True)
-    result = {"backend": args.backend, "runs": args.runs, "loadavg_before": load_before,
+    result = {"backend": args.backend, "runs": args.runs, "bound": not args.no_bind, "loadavg_before": load_before,
               "loadavg_after": os.getloadavg(), "rows": rows}
     json.dump(result, open(os.path.join(out, "sweep.json"), "w"), indent=1)
     md = table(rows)
-    note = "backend %s, median of %d alternating runs per side; load average %.2f before, %.2f after\n\n" % (
-        args.backend, args.runs, load_before[0], result["loadavg_after"][0])
+    note = ("backend %s, median of %d alternating runs per side, comms' ranks %s; load average %.2f before, "
+            "%.2f after\n\n") % (args.backend, args.runs, "not bound" if args.no_bind else "bound as mpirun's",
+                                   load_before[0], result["loadavg_after"][0])
     open(os.path.join(out, "sweep.md"), "w").write(note + md)
     print("\n" + note + md + "wrote %s and %s" % (os.path.join(out, "sweep.json"), os.path.join(out, "sweep.md")))
 
