@@ -8,6 +8,7 @@
 #include "op_queue.h"
 #include "op_runner.h"
 #include "reductions.h"
+#include "shm_collectives.h"
 #include "ucx_log.h"
 
 namespace comms::ucx_backend {
@@ -57,7 +58,9 @@ class UcxBackend : public plugin::Backend {
   std::atomic<std::chrono::milliseconds> op_timeout_;
   std::unique_ptr<UcxTransport> transport_;
   std::unique_ptr<cpu_algorithms::OpRunner> runner_;
+  std::unique_ptr<ShmCollectives> shm_;  // small collectives when every rank is on this host
   std::string devices_, transports_;  // what the transport opened and selected, read at init
+  std::string shm_state_ = "off (one rank)";  // for describe()
 
   // After the first fatal error (or abort()) every op fails fast.
   cpu_algorithms::BrokenState failure_;
@@ -76,6 +79,13 @@ Status UcxBackend::init() {
     devices_ = transport_->devices();
     transports_ = transport_->transports();
     runner_ = std::make_unique<cpu_algorithms::OpRunner>(*transport_, op_timeout_.load());
+    if (init_.size > 1 && !settings_.shm) shm_state_ = "off (COMMS_UCX_SHM)";
+    else if (init_.size > 1 && !transport_->all_peers_local()) shm_state_ = "off (ranks on other hosts)";
+    else if (init_.size > 1) {
+      shm_ = ShmCollectives::create(*transport_, *init_.store, init_.init_timeout, settings_, init_.log);
+      shm_state_ = shm_ ? "on, up to " + std::to_string(ShmCollectives::kMaxBytes) + " bytes per rank"
+                        : "off (a rank could not map the segment)";
+    }
     return {};
   } catch (const Error& e) {
     return {e.code(), std::string("exchanging UCX worker addresses through the store failed: ") + e.what()};
@@ -103,6 +113,7 @@ void UcxBackend::run(const plugin::OpDesc& op) {
       return ops.empty() ? void() : transport_->point_to_point(ops, deadline);
     }
     default:
+      if (shm_ && shm_->takes(op)) return shm_->run(op);
       return runner_->run(op);
   }
 }
@@ -165,6 +176,7 @@ Status UcxBackend::set_hints(const Hints& hints) {
     settings_.yield = next.yield;
     settings_.yield_after = next.yield_after;
     if (transport_) transport_->set_spin(settings_);
+    if (shm_) shm_->set_spin(settings_);
   }
   return {};
 }
@@ -174,6 +186,7 @@ void UcxBackend::abort(const std::string& reason) {
   // The transport fails the running op now; queued async ops still run, in
   // order, and fail fast in execute().
   if (transport_) transport_->abort();
+  if (shm_) shm_->abort();
 }
 
 Status UcxBackend::finalize() {
@@ -181,6 +194,7 @@ Status UcxBackend::finalize() {
   finalized_ = true;
   ops_.stop_and_join();  // queued ops run first (after abort() they fail fast)
   runner_.reset();
+  shm_.reset();
   bool flushed = true;
   if (transport_) flushed = transport_->flush(cpu_algorithms::Clock::now() + op_timeout_.load());
   transport_.reset();
@@ -198,6 +212,7 @@ std::string UcxBackend::describe() const {
   j["tls"] = settings_.tls.empty() ? "(UCX_TLS or UCX's default)" : settings_.tls;
   j["rndv_thresh"] = rndv_thresh_text(settings_);
   j["shm_fifo"] = fifo_text();
+  j["shm_collectives"] = shm_state_;
   j["busy_poll"] = settings_.busy_poll;
   j["spin_us"] = settings_.spin_forever ? -1 : settings_.spin.count();
   j["yield_while_polling"] = settings_.yield;

@@ -75,6 +75,12 @@ Status resolve_settings(const Hints& hints, int local_size, UcxSettings* out) {
                                                "' is not auto or a boolean; use auto, 1/0, true/false, yes/no or on/off"};
     }
   }
+  try {
+    cfg.shm = env::get_bool("COMMS_UCX_SHM", true);
+  } catch (const Error&) {
+    return {ErrorCode::kInvalidArgument, "COMMS_UCX_SHM='" + env::get("COMMS_UCX_SHM").value_or("") +
+                                             "' is not a boolean; use 1/0, true/false, yes/no or on/off"};
+  }
   cfg.busy_poll = mode;
   cfg.spin_forever = mode == "1";
   const bool fits = local_size <= cores();

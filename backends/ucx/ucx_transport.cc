@@ -248,6 +248,13 @@ void UcxTransport::connect(Store& store, std::chrono::milliseconds timeout) {
 // wireup (UCX moves from the bootstrap lane to shared memory or the fastest
 // transport) here rather than inside the first op, and describe() shows the
 // lanes ops use.
+bool UcxTransport::all_peers_local() const {
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && pids_[static_cast<size_t>(p)] <= 0) return false;
+  }
+  return true;
+}
+
 void UcxTransport::handshake(Clock::time_point deadline) {
   uint8_t out = 1;
   std::vector<uint8_t> in(static_cast<size_t>(size_), 0);
@@ -314,6 +321,16 @@ void UcxTransport::reap() {
     f.req = nullptr;
     if (s != UCS_OK && peer_status_[static_cast<size_t>(f.peer)] == 0) peer_status_[static_cast<size_t>(f.peer)] = s;
   }
+}
+
+bool UcxTransport::progress_in_flight() {
+  auto pending = [&] {
+    return std::any_of(in_flight_.begin(), in_flight_.end(), [](const InFlight& f) { return f.req; });
+  };
+  if (!pending()) return false;
+  ucp_worker_progress(worker_);
+  reap();
+  return pending();
 }
 
 void UcxTransport::send_buffered(int peer, uint64_t tag, const void* data, size_t len, Clock::time_point deadline) {
@@ -526,6 +543,13 @@ void UcxTransport::wait(void*& req, int peer, Clock::time_point deadline, const 
     }
     if (peer >= 0) check_peer_alive(peer);
     if (peer >= 0 && peer_status_[static_cast<size_t>(peer)]) {
+      // What it sent before it exited may still be in this worker's queue.
+      ucp_worker_progress(worker_);
+      if (ucp_request_check_status(req) == UCS_OK) {
+        ucp_request_free(req);
+        req = nullptr;
+        return;
+      }
       cancel(req);
       fail(Kind::kPeerFailure, peer, peer_error(peer));
     }

@@ -44,6 +44,7 @@ struct UcxSettings {
   std::chrono::microseconds spin{0};          // poll this long before sleeping on the event fd
   bool yield = false;                         // sched_yield between polls, once past yield_after
   std::chrono::microseconds yield_after{0};   // poll without yielding this long first
+  bool shm = true;                            // COMMS_UCX_SHM: the shared-memory collectives
 };
 
 // The eager/rendezvous threshold a context gets, for describe(): the hint,
@@ -106,6 +107,23 @@ class UcxTransport final : public cpu_algorithms::Transport {
   // Waits (until deadline) for the copies still in flight, then closes the
   // endpoints. Returns false if some did not finish.
   bool flush(Clock::time_point deadline);
+
+  // Every peer runs on this host (connect() found them so).
+  bool all_peers_local() const;
+  // Throws kPeerFailure once peer's process has exited or its endpoint
+  // failed (for waits outside UCX: the shared-memory collectives).
+  void check_peer(int peer) {
+    check_peer_alive(peer);
+    if (peer_status_[static_cast<size_t>(peer)]) {
+      fail(cpu_algorithms::TransportError::Kind::kPeerFailure, peer, peer_error(peer));
+    }
+  }
+
+  // Sends an op left in flight (a rendezvous, a full FIFO) need this rank's
+  // progress to finish, and a peer's receive may wait on them: a wait
+  // outside UCX calls this between its polls. Progresses the worker only
+  // while some are left; true while some are.
+  bool progress_in_flight();
 
   // What describe() and comms-info show: the devices the context opened
   // and the transports an endpoint to a peer selected.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <iterator>
 #include <limits>
+#include <type_traits>
 
 
 namespace comms::internal {
@@ -25,11 +26,19 @@ Status check_present(const BufferView& b, std::string_view what) {
   return {};
 }
 
-Status check_count(const BufferView& b, std::string_view what, size_t expected,
-                   std::string_view because) {
+// Message parts that need formatting come as a callable, run only when the
+// check fails: a passing op formats (and allocates) nothing.
+template <class Text>
+std::string text_of(const Text& t) {
+  if constexpr (std::is_invocable_v<const Text&>) return t();
+  else return std::string(t);
+}
+
+template <class Because>
+Status check_count(const BufferView& b, std::string_view what, size_t expected, const Because& because) {
   if (b.count != expected) {
     return invalid(str::cat(what, " has ", b.count, " elements; expected ", expected, " (",
-                                because, ")"));
+                                text_of(because), ")"));
   }
   return {};
 }
@@ -108,8 +117,9 @@ struct Ctx {
 };
 
 // An output that aliases its input must be exactly the in-place form.
-Status check_aliasing(const BufferView& in, const BufferView& o, bool in_place, std::string why) {
-  if (!in_place && overlaps(in.data, in.bytes(), o.data, o.bytes())) return invalid(std::move(why));
+template <class Why>
+Status check_aliasing(const BufferView& in, const BufferView& o, bool in_place, const Why& why) {
+  if (!in_place && overlaps(in.data, in.bytes(), o.data, o.bytes())) return invalid(text_of(why));
   return {};
 }
 
@@ -148,10 +158,13 @@ Status all_gather_rules(const Ctx& x, Checked* out) {
   COMMS_RETURN_IF_ERROR(check_same_kind(in, o, "output"));
   if (multiply_overflows(in.count, x.size)) return invalid("input count times world size overflows");
   COMMS_RETURN_IF_ERROR(check_count(o, "output", in.count * x.size,
-                                    str::cat("input count ", in.count, " x world size ", x.size)));
+                                    [&] { return str::cat("input count ", in.count, " x world size ", x.size); }));
   out->in_place = in.count > 0 && byte(in.data) == byte(o.data) + x.rank * in.count * x.es;
   return check_aliasing(in, o, out->in_place,
-                        str::cat("input overlaps output but is not its slice for rank ", x.rank, " (the in-place form)"));
+                        [&] {
+                          return str::cat("input overlaps output but is not its slice for rank ", x.rank,
+                                          " (the in-place form)");
+                        });
 }
 
 // all_gather (list form): one output per rank, each like the input; in
@@ -189,7 +202,8 @@ Status all_gather_v_rules(const Ctx& x, Checked* out) {
   COMMS_RETURN_IF_ERROR(check_same_kind(in, o, "output"));
   size_t total = 0;
   COMMS_RETURN_IF_ERROR(sum_counts(x.a.counts, x.size, "counts", &total));
-  COMMS_RETURN_IF_ERROR(check_count(in, "input", x.a.counts[x.rank], str::cat("counts[", x.rank, "] for this rank")));
+  COMMS_RETURN_IF_ERROR(check_count(in, "input", x.a.counts[x.rank],
+                                    [&] { return str::cat("counts[", x.rank, "] for this rank"); }));
   COMMS_RETURN_IF_ERROR(check_count(o, "output", total, "the sum of counts"));
   out->in_place = in.count > 0 && byte(in.data) == byte(o.data) + slice_offset(x.a.counts, x.rank) * x.es;
   return check_aliasing(in, o, out->in_place,
@@ -207,11 +221,14 @@ Status reduce_scatter_rules(const Ctx& x, Checked* out) {
   COMMS_RETURN_IF_ERROR(check_reduction(in, x.a.reduce));
   if (multiply_overflows(o.count, x.size)) return invalid("output count times world size overflows");
   COMMS_RETURN_IF_ERROR(check_count(in, "input", o.count * x.size,
-                                    str::cat("output count ", o.count, " x world size ", x.size)));
+                                    [&] { return str::cat("output count ", o.count, " x world size ", x.size); }));
   out->count = o.count;
   out->in_place = o.count > 0 && byte(o.data) == byte(in.data) + x.rank * o.count * x.es;
   return check_aliasing(in, o, out->in_place,
-                        str::cat("output overlaps input but is not its slice for rank ", x.rank, " (the in-place form)"));
+                        [&] {
+                          return str::cat("output overlaps input but is not its slice for rank ", x.rank,
+                                          " (the in-place form)");
+                        });
 }
 
 // reduce_scatter_v: input is the sum of counts, output counts[rank]; in
@@ -226,7 +243,8 @@ Status reduce_scatter_v_rules(const Ctx& x, Checked* out) {
   size_t total = 0;
   COMMS_RETURN_IF_ERROR(sum_counts(x.a.counts, x.size, "counts", &total));
   COMMS_RETURN_IF_ERROR(check_count(in, "input", total, "the sum of counts"));
-  COMMS_RETURN_IF_ERROR(check_count(o, "output", x.a.counts[x.rank], str::cat("counts[", x.rank, "] for this rank")));
+  COMMS_RETURN_IF_ERROR(check_count(o, "output", x.a.counts[x.rank],
+                                    [&] { return str::cat("counts[", x.rank, "] for this rank"); }));
   out->count = o.count;
   out->in_place = o.count > 0 && byte(o.data) == byte(in.data) + slice_offset(x.a.counts, x.rank) * x.es;
   return check_aliasing(in, o, out->in_place,
@@ -279,7 +297,7 @@ Status gather_rules(const Ctx& x, Checked* out) {
   COMMS_RETURN_IF_ERROR(check_same_kind(in, o, "output"));
   if (multiply_overflows(in.count, x.size)) return invalid("input count times world size overflows");
   COMMS_RETURN_IF_ERROR(check_count(o, "output", in.count * x.size,
-                                    str::cat("input count ", in.count, " x world size ", x.size)));
+                                    [&] { return str::cat("input count ", in.count, " x world size ", x.size); }));
   out->in_place = in.count > 0 && byte(in.data) == byte(o.data) + x.a.root * in.count * x.es;
   return check_aliasing(in, o, out->in_place, "input overlaps output but is not the root's slice (the in-place form)");
 }
@@ -299,7 +317,7 @@ Status scatter_rules(const Ctx& x, Checked* out) {
   COMMS_RETURN_IF_ERROR(check_same_kind(o, in, "input"));
   if (multiply_overflows(o.count, x.size)) return invalid("output count times world size overflows");
   COMMS_RETURN_IF_ERROR(check_count(in, "input", o.count * x.size,
-                                    str::cat("output count ", o.count, " x world size ", x.size)));
+                                    [&] { return str::cat("output count ", o.count, " x world size ", x.size); }));
   out->in_place = o.count > 0 && byte(o.data) == byte(in.data) + x.a.root * o.count * x.es;
   return check_aliasing(in, o, out->in_place, "output overlaps input but is not the root's slice (the in-place form)");
 }

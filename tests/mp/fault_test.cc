@@ -147,9 +147,11 @@ TEST(Faults, AProgramThatExitsWithoutShutdownDoesNotHang) {
 #if UCX_PLUGIN_BUILT
 // The same faults under cpu:ucx: a killed peer's endpoint fails (UCX's peer
 // error handling), a skipped op times out, abort() signals the worker.
-TEST(UcxFaults, APeerKilledMidOpGivesPeerFailureOrTimeoutOnEveryOtherRankWellWithinTheOpTimeout) {
+// The 4 KiB all_reduces of these faults take the shared-memory path
+// (backends/ucx/shm_collectives.h) unless COMMS_UCX_SHM=0 gives them UCX's.
+void expect_killed_peer_reported(const char* shm) {
   auto p = run({COMMSRUN, "-n", "3", "--grace", "10", "--", FAULT_HELPER, "kill"},
-               {{"COMMS_OP_TIMEOUT", "20s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 50s);
+               {{"COMMS_OP_TIMEOUT", "20s"}, {"FAULT_BACKEND", "cpu:ucx"}, {"COMMS_UCX_SHM", shm}}, 50s);
   ASSERT_NE(p.status, -1) << p.output;
   EXPECT_NE(p.exit_code(), 0) << p.output;
   EXPECT_NE(p.output.find("signal 9"), std::string::npos) << p.output;
@@ -162,6 +164,12 @@ TEST(UcxFaults, APeerKilledMidOpGivesPeerFailureOrTimeoutOnEveryOtherRankWellWit
   EXPECT_NE(p.output.find("all_reduce #22"), std::string::npos) << "the op and its sequence number\n" << p.output;
 }
 
+TEST(UcxFaults, APeerKilledMidOpGivesPeerFailureOrTimeoutOnEveryOtherRankWellWithinTheOpTimeout) {
+  expect_killed_peer_reported("1");
+}
+
+TEST(UcxFaults, APeerKilledMidOpIsReportedOnTheUcxPathToo) { expect_killed_peer_reported("0"); }
+
 TEST(UcxFaults, APeerThatSkipsAnOpMakesTheOthersTimeOutWithinTheOpTimeout) {
   auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", FAULT_HELPER, "skip"},
                {{"COMMS_OP_TIMEOUT", "2s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 50s);
@@ -172,6 +180,7 @@ TEST(UcxFaults, APeerThatSkipsAnOpMakesTheOthersTimeOutWithinTheOpTimeout) {
     EXPECT_GE(rep.ms, 1900) << "rank " << rep.rank;
     EXPECT_LT(rep.ms, 2000 + 3000) << "rank " << rep.rank;
   }
+  EXPECT_NE(p.output.find("(shared memory) timed out"), std::string::npos) << p.output;
   EXPECT_NE(p.exit_code(), 0);
 }
 
@@ -197,6 +206,7 @@ TEST(UcxFaults, AbortWakesAnInFlightOpWithAbortedAndLaterOpsFailFast) {
   ASSERT_EQ(r.size(), 1u) << p.output;
   EXPECT_EQ(r[0].code, "aborted") << p.output;
   EXPECT_LT(r[0].ms, 3000) << p.output;
+  EXPECT_NE(p.output.find("(shared memory) aborted"), std::string::npos) << p.output;
   EXPECT_NE(p.output.find("AFTER code aborted"), std::string::npos) << p.output;
 }
 #endif

@@ -1,0 +1,330 @@
+#include "shm_collectives.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "algorithms.h"
+#include "collectives.h"
+#include "op_runner.h"
+#include "reductions.h"
+
+namespace comms::ucx_backend {
+
+using cpu_algorithms::Algorithm;
+using cpu_algorithms::CountMismatch;
+using cpu_algorithms::TransportError;
+using Kind = TransportError::Kind;
+using plugin::OpType;
+
+namespace {
+
+struct Header {
+  uint64_t bytes;
+  uint64_t op;
+};
+constexpr size_t kHeaderBytes = 64;  // a cache line: the data starts aligned
+constexpr size_t kSlotBytes = kHeaderBytes + ShmCollectives::kMaxBytes;
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+void relax() { __builtin_ia32_pause(); }
+
+}  // namespace
+
+// The segment: the bell, then one RankFlags per rank, then two slots per rank.
+struct alignas(64) ShmCollectives::Bell {
+  std::atomic<uint32_t> word;  // bumped by a publish that finds sleepers; the futex word
+  std::atomic<int32_t> sleepers;
+};
+struct alignas(64) ShmCollectives::RankFlags {
+  std::atomic<uint64_t> arrived;  // the last op this rank entered (its slot filled)
+  std::atomic<uint64_t> done;     // the last op this rank finished reading
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the flags are shared between processes");
+
+namespace {
+size_t head_bytes(int size) { return 64 + 64 * static_cast<size_t>(size); }
+}  // namespace
+
+std::unique_ptr<ShmCollectives> ShmCollectives::create(UcxTransport& transport, Store& store,
+                                                       std::chrono::milliseconds timeout,
+                                                       const UcxSettings& settings, LogFn log) {
+  const int rank = transport.rank(), size = transport.size();
+  const size_t bytes = head_bytes(size) + kSlotBytes * ShmCollectives::kDepth * static_cast<size_t>(size);
+  auto say = [&](const std::string& m) {
+    if (log) log(1, ("ucx: shared-memory collectives off: " + m).c_str());
+  };
+  std::string name;
+  int fd = -1;
+  if (rank == 0) {
+    std::random_device rd;
+    name = "/comms-ucx-" + std::to_string(::getpid()) + "-" + std::to_string(rd()) + std::to_string(rd());
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      fd = -1;
+    }
+    if (fd < 0) say("creating " + name + ": " + std::strerror(errno));
+    store.set("ucx/shm/name", fd >= 0 ? name : "");
+  } else {
+    name = store.get("ucx/shm/name", timeout);
+    if (!name.empty()) fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    struct stat st {};
+    if (fd >= 0 && (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes)) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  void* base = fd >= 0 ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (fd >= 0) ::close(fd);
+  store.set("ucx/shm/ok/" + std::to_string(rank), base != MAP_FAILED ? "1" : "0");
+  bool all = true;
+  for (int p = 0; p < size; ++p) all = store.get("ucx/shm/ok/" + std::to_string(p), timeout) == "1" && all;
+  // Every rank that could map it has (it said so above): the name can go.
+  if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());
+  if (!all) {
+    if (base != MAP_FAILED) ::munmap(base, bytes);
+    say("a rank could not map " + name);
+    return nullptr;
+  }
+  return std::unique_ptr<ShmCollectives>(new ShmCollectives(transport, base, bytes, settings));
+}
+
+ShmCollectives::ShmCollectives(UcxTransport& transport, void* base, size_t bytes, const UcxSettings& settings)
+    : t_(transport),
+      rank_(transport.rank()),
+      size_(transport.size()),
+      base_(base),
+      bytes_(bytes),
+      bell_(static_cast<Bell*>(base)),
+      flags_(reinterpret_cast<RankFlags*>(static_cast<unsigned char*>(base) + 64)),
+      slots_(static_cast<unsigned char*>(base) + head_bytes(transport.size())) {
+  set_spin(settings);
+}
+
+ShmCollectives::~ShmCollectives() { ::munmap(base_, bytes_); }
+
+ShmCollectives::Reading::~Reading() { s.publish(s.flags_[s.rank_].done, op); }
+
+// As the UCX waits. (A pure spin for the whole window, without yields, was
+// tried: when both ranks landed on one core each op cost the window, 212 us
+// p50 at 8 B on a loaded machine.)
+void ShmCollectives::set_spin(const UcxSettings& s) {
+  spin_forever_ = s.spin_forever;
+  spin_us_ = s.spin.count();
+  yield_ = s.yield;
+  yield_after_us_ = s.yield_after.count();
+}
+
+bool ShmCollectives::takes(const plugin::OpDesc& op) const {
+  const size_t bytes = op.count * element_size(op.dtype);
+  const Algorithm a = cpu_algorithms::algorithm_for(op.type, bytes, size_);
+  switch (op.type) {
+    case OpType::kBarrier: return true;
+    case OpType::kBroadcast: return a == Algorithm::kBroadcast && bytes <= kMaxBytes;
+    case OpType::kAllReduce:
+    case OpType::kAllGather: return a == Algorithm::kExchange && bytes <= kMaxBytes;
+    case OpType::kReduceScatter: return a == Algorithm::kExchange && bytes * static_cast<size_t>(size_) <= kMaxBytes;
+    default: return false;
+  }
+}
+
+unsigned char* ShmCollectives::slot(int rank, uint64_t op) const {
+  return slots_ + (static_cast<size_t>(rank) * kDepth + op % kDepth) * kSlotBytes;
+}
+
+void ShmCollectives::write_slot(uint64_t op, const void* data, size_t bytes, size_t block_bytes) {
+  unsigned char* s = slot(rank_, op);
+  const Header h{block_bytes, op};
+  std::memcpy(s, &h, sizeof h);
+  if (bytes) std::memcpy(s + kHeaderBytes, data, bytes);
+}
+
+void ShmCollectives::check_lengths(uint64_t op, size_t block_bytes, int only_peer) const {
+  for (int p = 0; p < size_; ++p) {
+    if (only_peer >= 0 && p != only_peer) continue;
+    Header h;
+    std::memcpy(&h, slot(p, op), sizeof h);
+    if (h.bytes == block_bytes && h.op == op) continue;
+    throw CountMismatch(p, "ranks passed different counts: rank " + std::to_string(rank_) + " expects " +
+                               std::to_string(block_bytes) + " bytes from each peer, rank " + std::to_string(p) +
+                               (h.op == op ? " sent " + std::to_string(h.bytes) : " sent a message of another op") +
+                               " (every rank must pass the same count and dtype)");
+  }
+}
+
+// seq_cst store, then the sleepers load: a waiter either sees the flag or
+// is counted here (it counts itself before its last look at the flag).
+void ShmCollectives::publish(std::atomic<uint64_t>& flag, uint64_t op) {
+  flag.store(op);
+  if (bell_->sleepers.load() > 0) {
+    bell_->word.fetch_add(1);
+    futex(&bell_->word, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+}
+
+template <class Ready>
+void ShmCollectives::wait_until(Ready ready, int only_peer, Clock::time_point deadline, const char* what) {
+  auto missing = [&] {
+    if (only_peer >= 0) return ready(only_peer) ? -1 : only_peer;
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_ && !ready(p)) return p;
+    }
+    return -1;
+  };
+  int p = missing();
+  if (p < 0) return;
+  const auto start = Clock::now();
+  const auto spin_until = start + std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
+  const auto yield_from = start + std::chrono::microseconds(yield_after_us_.load(std::memory_order_relaxed));
+  for (;;) {
+    if (aborted_.load(std::memory_order_relaxed)) {
+      throw TransportError(Kind::kAborted, p, std::string(what) + " (shared memory) aborted");
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      throw TransportError(Kind::kTimeout, p,
+                           std::string(what) + " with rank " + std::to_string(p) + " (shared memory) timed out");
+    }
+    try {
+      t_.check_peer(p);  // throws kPeerFailure once its process has exited
+    } catch (const TransportError&) {
+      if (!ready(p)) throw;
+      // It published, then exited: its part is here.
+      if ((p = missing()) < 0) return;
+      continue;
+    }
+    // A peer may be waiting in UCX for a send this rank left in flight.
+    const bool sending = t_.progress_in_flight();
+    if (spin_forever_.load(std::memory_order_relaxed) || now < spin_until) {
+      if (yield_.load(std::memory_order_relaxed) && now >= yield_from) sched_yield();
+      else for (int i = 0; i < 16; ++i) relax();
+    } else {
+      bell_->sleepers.fetch_add(1);
+      const uint32_t bell = bell_->word.load();
+      if (missing() >= 0) {
+        const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
+        // With sends in flight, wake soon to progress them.
+        const auto slice = std::min<std::chrono::nanoseconds>(
+            left, sending ? std::chrono::milliseconds(1) : std::chrono::milliseconds(kSliceMs));
+        const timespec ts{static_cast<time_t>(slice.count() / 1000000000),
+                          static_cast<long>(slice.count() % 1000000000)};
+        futex(&bell_->word, FUTEX_WAIT, bell, &ts);
+      }
+      bell_->sleepers.fetch_sub(1);
+    }
+    if ((p = missing()) < 0) return;
+  }
+}
+
+void ShmCollectives::wait_arrived(uint64_t op, int only_peer, Clock::time_point deadline) {
+  wait_until([&](int p) { return flags_[p].arrived.load(std::memory_order_acquire) >= op; }, only_peer,
+             deadline, "waiting for the data");
+}
+
+void ShmCollectives::wait_done(uint64_t op, Clock::time_point deadline) {
+  wait_until([&](int p) { return flags_[p].done.load(std::memory_order_acquire) >= op; }, -1, deadline,
+             "waiting for a slot to be read");
+}
+
+void ShmCollectives::abort() {
+  aborted_ = true;
+  bell_->word.fetch_add(1);
+  futex(&bell_->word, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void ShmCollectives::run(const plugin::OpDesc& op) {
+  const auto deadline = Clock::now() + op.timeout;
+  switch (op.type) {
+    case OpType::kBarrier: return barrier(deadline);
+    case OpType::kBroadcast: return broadcast(op, deadline);
+    case OpType::kAllReduce: return reduce(op, 1, deadline);
+    case OpType::kAllGather: return all_gather(op, deadline);
+    case OpType::kReduceScatter: return reduce(op, static_cast<size_t>(size_), deadline);
+    default: throw std::logic_error("no shared-memory algorithm for this op");
+  }
+}
+
+void ShmCollectives::barrier(Clock::time_point deadline) {
+  const uint64_t k = ++ops_;
+  publish(flags_[rank_].arrived, k);
+  wait_arrived(k, -1, deadline);
+  publish(flags_[rank_].done, k);
+}
+
+void ShmCollectives::broadcast(const plugin::OpDesc& op, Clock::time_point deadline) {
+  const uint64_t k = ++ops_;
+  const size_t bytes = op.count * element_size(op.dtype);
+  if (rank_ == op.root) {
+    reuse_guard(k, deadline);
+    write_slot(k, op.input, bytes, bytes);
+    if (op.output != op.input) std::memmove(op.output, op.input, bytes);
+    publish(flags_[rank_].arrived, k);
+    publish(flags_[rank_].done, k);
+    return;
+  }
+  publish(flags_[rank_].arrived, k);
+  wait_arrived(k, op.root, deadline);
+  const Reading reading(*this, k);
+  check_lengths(k, bytes, op.root);
+  std::memcpy(op.output, slot(op.root, k) + kHeaderBytes, bytes);
+}
+
+// In rank order, whatever this rank's own: the same bits as the exchange's
+// Collectives::reduce_blocks.
+void ShmCollectives::reduce_slots(void* out, uint64_t op, size_t offset, size_t count,
+                                  cpu_algorithms::ReduceFn fn) const {
+  auto block = [&](int r) { return slot(r, op) + kHeaderBytes + offset; };
+  fn(out, block(0), block(1), count);
+  for (int r = 2; r < size_; ++r) fn(out, out, block(r), count);
+}
+
+uint64_t ShmCollectives::exchange(const void* in, size_t bytes, size_t block_bytes, Clock::time_point deadline) {
+  const uint64_t k = ++ops_;
+  reuse_guard(k, deadline);
+  write_slot(k, in, bytes, block_bytes);
+  publish(flags_[rank_].arrived, k);
+  wait_arrived(k, -1, deadline);
+  return k;
+}
+
+// all_reduce (blocks 1) and reduce_scatter (blocks = size: each slot holds a
+// rank's whole input, and this rank reduces its own block of each).
+void ShmCollectives::reduce(const plugin::OpDesc& op, size_t blocks, Clock::time_point deadline) {
+  const cpu_algorithms::ReduceFn fn = cpu_algorithms::reduce_fn(op.dtype, op.reduce.kind);
+  if (!fn) throw std::invalid_argument("no reduction for this dtype and kind");
+  const size_t bytes = op.count * element_size(op.dtype);  // this rank's result
+  const uint64_t k = exchange(op.input, bytes * blocks, bytes, deadline);
+  const Reading reading(*this, k);
+  check_lengths(k, bytes);
+  reduce_slots(op.output, k, blocks > 1 ? static_cast<size_t>(rank_) * bytes : 0, op.count, fn);
+  cpu_algorithms::finish_reduction(op, op.output, op.count, size_);
+}
+
+void ShmCollectives::all_gather(const plugin::OpDesc& op, Clock::time_point deadline) {
+  const size_t bytes = op.count * element_size(op.dtype);
+  const uint64_t k = exchange(op.input, bytes, bytes, deadline);
+  const Reading reading(*this, k);
+  check_lengths(k, bytes);
+  auto* out = static_cast<unsigned char*>(op.output);
+  for (int r = 0; r < size_; ++r) std::memcpy(out + static_cast<size_t>(r) * bytes, slot(r, k) + kHeaderBytes, bytes);
+}
+
+}  // namespace comms::ucx_backend

@@ -1,0 +1,123 @@
+// Small collectives through one shared-memory segment that every rank of a
+// comm maps, beside the UCX transport, when all ranks share a host (as Open
+// MPI's shared-memory collectives and NCCL's low-latency protocol do): each
+// rank copies its input into its own slot and publishes the op's number;
+// readers wait for the numbers, read the slots and publish that they are
+// done. No messages, no tag matching: an 8 B all_reduce is two copies and
+// two flags instead of a send and a receive per peer.
+//
+// Ops: barrier, and all_reduce, all_gather, reduce_scatter and broadcast
+// whose data per rank fits kMaxBytes and which the CPU algorithms would run
+// as a direct exchange (or broadcast from the root): the same reductions in
+// rank order as Collectives::all_reduce, so the same bits on every rank and
+// either path. Each slot starts with the op's length and number, so ranks
+// that pass different counts get CountMismatch as on the exchange path.
+//
+// Each rank has kDepth slots, used in turn; a rank writes a slot again only
+// once every peer has read the op that used it last. Waiting follows the
+// UCX settings: spin (yielding when asked) up to the spin time, then sleep
+// on a futex in the segment, in slices of at most kSliceMs, between which a
+// dead peer process, the deadline and abort are checked.
+//
+// The segment is created by rank 0 under a unique POSIX shm name and
+// unlinked as soon as every rank has mapped it, so a crash leaves nothing
+// behind once the comm is up.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "comms/plugin.h"
+#include "comms/store.h"
+#include "reductions.h"
+#include "transport.h"
+#include "ucx_transport.h"
+
+namespace comms::ucx_backend {
+
+class ShmCollectives {
+ public:
+  // The most bytes a rank puts in its slot per op (reduce_scatter: its
+  // whole input). Above it the UCX path wins or ties (docs/PERFORMANCE.md).
+  static constexpr size_t kMaxBytes = 16 * 1024;
+  static constexpr int kSliceMs = 50;
+  // Slots per rank, used in turn: a broadcast's root (which waits for no
+  // one) runs at most this many ops ahead of its slowest reader.
+  static constexpr uint64_t kDepth = 8;
+
+  // Collective over the comm's store: every rank gets a segment, or every
+  // rank gets nullptr (a rank could not map it; then the UCX path runs
+  // everything). `transport` must outlive the result; it names dead peers.
+  static std::unique_ptr<ShmCollectives> create(UcxTransport& transport, Store& store,
+                                                std::chrono::milliseconds timeout, const UcxSettings& settings,
+                                                LogFn log);
+  ~ShmCollectives();
+  ShmCollectives(const ShmCollectives&) = delete;
+  ShmCollectives& operator=(const ShmCollectives&) = delete;
+
+  // Whether run() takes this op (by type and size alone, so every rank
+  // that passes the same arguments decides alike).
+  bool takes(const plugin::OpDesc& op) const;
+  // Throws TransportError (timeout, a dead peer, abort), CountMismatch, or
+  // std::invalid_argument for a missing reduction.
+  void run(const plugin::OpDesc& op);
+  // From any thread: the running wait and every later one throw kAborted.
+  void abort();
+  void set_spin(const UcxSettings& s);
+
+ private:
+  struct Bell;
+  struct RankFlags;
+  // Publishes this rank's done flag for an op when it leaves scope: a peer
+  // never waits on this rank's reading, even when the op throws.
+  struct Reading {
+    Reading(ShmCollectives& s, uint64_t op) : s(s), op(op) {}
+    ~Reading();
+    ShmCollectives& s;
+    uint64_t op;
+  };
+  ShmCollectives(UcxTransport& transport, void* base, size_t bytes, const UcxSettings& settings);
+
+  unsigned char* slot(int rank, uint64_t op) const;
+  void write_slot(uint64_t op, const void* data, size_t bytes, size_t block_bytes);
+  // Throws CountMismatch naming the first rank (or only_peer) whose slot
+  // header is not this op's with block_bytes.
+  void check_lengths(uint64_t op, size_t block_bytes, int only_peer = -1) const;
+  void reduce_slots(void* out, uint64_t op, size_t offset, size_t count, cpu_algorithms::ReduceFn fn) const;
+  void publish(std::atomic<uint64_t>& flag, uint64_t op);
+  // Waits until every peer's arrived (or done) flag reaches op.
+  void wait_arrived(uint64_t op, int only_peer, Clock::time_point deadline);
+  void wait_done(uint64_t op, Clock::time_point deadline);
+  template <class Ready>
+  void wait_until(Ready ready, int only_peer, Clock::time_point deadline, const char* what);
+  void sleep(Clock::time_point deadline);
+
+  // Fills this rank's slot (bytes of in, headed by block_bytes) and waits
+  // for every peer's; returns the op's number, whose slots are then read.
+  uint64_t exchange(const void* in, size_t bytes, size_t block_bytes, Clock::time_point deadline);
+  void reduce(const plugin::OpDesc& op, size_t blocks, Clock::time_point deadline);
+  void all_gather(const plugin::OpDesc& op, Clock::time_point deadline);
+  void broadcast(const plugin::OpDesc& op, Clock::time_point deadline);
+  void barrier(Clock::time_point deadline);
+  // Before writing this op's slot: the op kDepth back used it.
+  void reuse_guard(uint64_t op, Clock::time_point deadline) {
+    if (op > kDepth) wait_done(op - kDepth, deadline);
+  }
+
+  UcxTransport& t_;
+  const int rank_, size_;
+  void* base_;
+  size_t bytes_;
+  Bell* bell_;
+  RankFlags* flags_;
+  unsigned char* slots_;
+  uint64_t ops_ = 0;  // this comm's shm ops so far: the same on every rank
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> spin_forever_{false}, yield_{false};
+  std::atomic<int64_t> spin_us_{0}, yield_after_us_{0};
+};
+
+}  // namespace comms::ucx_backend
