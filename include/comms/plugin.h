@@ -84,8 +84,9 @@
 
 // 2.0: the first growable ABI (1 had no struct_size and no minor).
 // 2.1: PluginDescriptor::capabilities.
+// 2.2: Backend::shrink (elastic recovery; see the block marked ABI 2.2 below).
 #define COMMS_PLUGIN_ABI_MAJOR 2u
-#define COMMS_PLUGIN_ABI_MINOR 1u
+#define COMMS_PLUGIN_ABI_MINOR 2u
 #define COMMS_PLUGIN_ABI_VERSION ((COMMS_PLUGIN_ABI_MAJOR << 16) | COMMS_PLUGIN_ABI_MINOR)
 #define COMMS_PLUGIN_ENTRY_SYMBOL "comms_plugin_entry"
 // Put on comms_plugin_entry: plugins are built with hidden visibility.
@@ -240,6 +241,22 @@ class Backend {
   // asked between finalize() and the destructor, so it must not need what
   // finalize released.
   virtual int64_t device_memory_used() const { return -1; }
+
+  // ---- ABI 2.2 (elastic recovery) -------------------------------------------
+  // Builds the backend of the survivors of this (revoked, aborted) backend:
+  // `desc.ranks` are the surviving parent ranks in child-rank order, the same
+  // on every survivor; the excluded ranks do not take part (they may be dead).
+  // `desc.child` is the new backend's init, under a fresh store namespace.
+  // Collective over the survivors. kUnsupported (the default) makes libcomms
+  // re-create the backend through PluginDescriptor::create with desc.child,
+  // which every backend supports; a native shrink (NCCL's ncclCommShrink) is
+  // only faster. Called only on plugins of ABI >= 2.2.
+  virtual Status shrink(const SplitDesc& desc, std::unique_ptr<Backend>* child) {
+    (void)desc;
+    (void)child;
+    return Status(ErrorCode::kUnsupported, "no native shrink");
+  }
+  // ---- end of ABI 2.2 ---------------------------------------------------------
 };
 
 constexpr uint32_t op_bit(OpType t) { return 1u << static_cast<unsigned>(t); }
