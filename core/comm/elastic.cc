@@ -36,8 +36,9 @@ milliseconds liveness_timeout(const AgreeOptions& o) {
   return kDefaultLiveness;
 }
 
-// Which ranks' heartbeats stood still for the liveness timeout, as seen
-// from this rank since it first looked.
+// Which ranks are gone: their process ended on this host (seen at once), or
+// their heartbeat stood still for the liveness timeout since this rank first
+// looked (another host, or a stopped process).
 class Liveness {
  public:
   Liveness(Store& store, const Comm::Impl& comm, milliseconds timeout)
@@ -49,11 +50,13 @@ class Liveness {
       // Written when the comm was created, before it connected; if it is
       // not there, only the deadline can tell.
       std::string k;
+      bool ended = false;
       try {
-        k = internal::heartbeat_key_of(store_, comm_.config().rendezvous_ns, rank, timeout_);
+        k = internal::heartbeat_key_of(store_, comm_.config().rendezvous_ns, rank, timeout_, &ended);
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kTimeout) throw;
       }
+      if (ended) return true;  // not cached: it stays ended
       key = keys_.emplace(rank, k).first;
     }
     if (key->second.empty()) return false;

@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <random>
 #include <mutex>
@@ -42,6 +44,25 @@ const std::string& process_token() {
 }
 
 std::string heartbeat_key(const std::string& token) { return str::cat("comms/elastic/hb/", token); }
+
+// "host:pid:nonce" -> whether that process is on this host and has ended
+// (no /proc entry, or a zombie not yet reaped).
+bool ended_here(const std::string& token) {
+  const size_t last = token.rfind(':');
+  const size_t mid = last == std::string::npos || last == 0 ? std::string::npos : token.rfind(':', last - 1);
+  if (mid == std::string::npos) return false;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  if (token.compare(0, mid, host) != 0 || mid != std::strlen(host)) return false;
+  std::ifstream stat(str::cat("/proc/", token.substr(mid + 1, last - mid - 1), "/stat"));
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');  // the command name may hold blanks
+  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
+  const char state = line[paren + 2];
+  return state == 'Z' || state == 'X';
+}
 
 struct StoreState {
   int64_t revocations_seen = -1;
@@ -132,8 +153,11 @@ void tick() {
 }  // namespace
 
 std::string revoked_key(const std::string& ns) { return str::cat(ns, "/elastic/revoked"); }
-std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std::chrono::milliseconds timeout) {
-  return heartbeat_key(store.get(str::cat(ns, "/elastic/process/", rank), timeout));
+std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std::chrono::milliseconds timeout,
+                             bool* ended) {
+  const std::string token = store.get(str::cat(ns, "/elastic/process/", rank), timeout);
+  *ended = ended_here(token);
+  return heartbeat_key(token);
 }
 
 void publish_revocation(Store& store, const std::string& ns, const std::string& reason) {

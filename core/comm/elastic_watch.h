@@ -27,8 +27,11 @@ void watch_comm(Comm::Impl* impl, std::shared_ptr<Store> store, std::string ns, 
 void unwatch_comm(Comm::Impl* impl);
 
 std::string revoked_key(const std::string& ns);
-// The heartbeat counter of the process behind `rank` of the comm `ns`.
-std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std::chrono::milliseconds timeout);
+// The heartbeat counter of the process behind `rank` of the comm `ns`;
+// *ended tells whether that process is on this host and has ended (a
+// local death needs no heartbeat to go stale).
+std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std::chrono::milliseconds timeout,
+                             bool* ended);
 // Tells every rank's watcher that the comm of namespace `ns` is revoked.
 void publish_revocation(Store& store, const std::string& ns, const std::string& reason);
 

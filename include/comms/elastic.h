@@ -13,8 +13,8 @@
 // ranks, so it outlives any of them). Liveness comes from heartbeats that
 // each process's comms watcher writes there about every 100 ms: a rank whose
 // heartbeat stands still for the liveness timeout (dead, or stopped with
-// SIGSTOP) is lost; so is one that has not joined the agreement by its
-// deadline. A rank that is alive learns of a revocation from the store
+// SIGSTOP) is lost, and one whose process ended on this host at once; so is
+// one that has not joined the agreement by its deadline. A rank that is alive learns of a revocation from the store
 // within about 100 ms, however idle it is.
 //
 // Threading: call these from the thread that issues the comm's ops (like

@@ -8,6 +8,8 @@
 See docs/PYTHON.md for the whole API.
 """
 from ._comms import Comm, Error, Work, format_hints, new_comm, parse_hints
+from ._comms import agree_all, agree_on_failures, epoch, is_revoked, recover, revoke, shrink
 from . import dist, parallel
 
-__all__ = ["Comm", "Error", "Work", "dist", "format_hints", "new_comm", "parallel", "parse_hints"]
+__all__ = ["Comm", "Error", "Work", "agree_all", "agree_on_failures", "dist", "epoch", "format_hints",
+           "is_revoked", "new_comm", "parallel", "parse_hints", "recover", "revoke", "shrink"]

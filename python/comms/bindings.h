@@ -54,5 +54,6 @@ py::object device_to_py(const std::optional<comms::Device>& device);
 void bind_comm(py::module_& m);
 void bind_dist(py::module_& m);
 void bind_parallel(py::module_& m);
+void bind_elastic(py::module_& m);
 
 }  // namespace comms_py
