@@ -183,9 +183,11 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   ElasticState& elastic() { return elastic_; }
   // A new comm of `members` (parent ranks, ascending) with this comm's
   // configuration, epoch `epoch`, its backends re-created (or natively
-  // shrunk) under a fresh namespace ending in `ns_suffix`. Collective over
-  // the members; returns null on a non-member.
-  std::shared_ptr<Comm> shrink_to(const std::vector<int>& members, uint64_t epoch, const std::string& ns_suffix);
+  // shrunk) under a fresh namespace ending in `ns_suffix`, named
+  // "<base name>@e<epoch><name_suffix>". Collective over the members;
+  // returns null on a non-member.
+  std::shared_ptr<Comm> shrink_to(const std::vector<int>& members, uint64_t epoch, const std::string& ns_suffix,
+                                  const std::string& name_suffix = "");
 
  private:
   plugin::BackendInit init_for(DeviceType t) const;
@@ -230,7 +232,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   ElasticState elastic_;
   // Steps of shrink_to.
   Config shrunk_config(const std::vector<int>& members, int child_rank, uint64_t epoch,
-                       const std::string& ns_suffix) const;
+                       const std::string& ns_suffix, const std::string& name_suffix) const;
   bool shrink_natively(Impl& child, const std::vector<int>& members);
 };
 

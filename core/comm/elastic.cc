@@ -287,9 +287,10 @@ std::shared_ptr<Comm> shrink(Comm& comm, std::span<const int> exclude) {
     if (!out.count(r)) members.push_back(r);
   }
   const uint64_t next = impl.config().epoch + 1;
-  const std::string base = str::cat("/elastic/planned-e", next, "-x", str::join(std::vector<int>(out.begin(), out.end()), "_"));
+  const std::string excluded = str::join(std::vector<int>(out.begin(), out.end()), "_");
+  const std::string base = str::cat("/elastic/planned-e", next, "-x", excluded);
   const std::string suffix = str::cat(base, "-i", internal::next_incarnation(impl.config().rendezvous_ns + base));
-  return impl.shrink_to(members, next, suffix);
+  return impl.shrink_to(members, next, suffix, str::cat("-without", excluded));
 }
 
 Recovery recover(Comm& comm, const AgreeOptions& options) {

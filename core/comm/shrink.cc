@@ -11,22 +11,35 @@ namespace comms {
 
 namespace {
 
-// "world@e2" -> "world": every epoch's name derives from the first one.
+// "world@e2", "world@e1-without3" -> "world": every epoch's name derives
+// from the first one.
 std::string base_name(const std::string& name) {
   const size_t at = name.rfind("@e");
-  if (at == std::string::npos || at + 2 == name.size()) return name;
-  for (size_t i = at + 2; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return name;
-  }
+  if (at == std::string::npos || at + 2 == name.size() || name[at + 2] < '0' || name[at + 2] > '9') return name;
   return name.substr(0, at);
+}
+
+// Registers `name`, or "<name>.2", "<name>.3", ... when this process already
+// has a live comm of that name (say, a planned shrink's that is still used).
+// The rendezvous never depends on it: the namespace is the shrink's own.
+std::string register_unique(const std::string& name) {
+  for (int k = 1;; ++k) {
+    const std::string candidate = k == 1 ? name : str::cat(name, ".", k);
+    try {
+      internal::register_comm_name(candidate);
+      return candidate;
+    } catch (const Error&) {
+      if (k > 1000) throw;
+    }
+  }
 }
 
 }  // namespace
 
 Comm::Impl::Config Comm::Impl::shrunk_config(const std::vector<int>& members, int child_rank, uint64_t epoch,
-                                             const std::string& ns_suffix) const {
+                                             const std::string& ns_suffix, const std::string& name_suffix) const {
   Config c;
-  c.name = str::cat(base_name(config_.name), "@e", epoch);
+  c.name = str::cat(base_name(config_.name), "@e", epoch, name_suffix);
   c.rendezvous_ns = config_.rendezvous_ns + ns_suffix;
   c.rank = child_rank;
   c.size = static_cast<int>(members.size());
@@ -72,14 +85,14 @@ bool Comm::Impl::shrink_natively(Impl& child, const std::vector<int>& members) {
 }
 
 std::shared_ptr<Comm> Comm::Impl::shrink_to(const std::vector<int>& members, uint64_t epoch,
-                                            const std::string& ns_suffix) {
+                                            const std::string& ns_suffix, const std::string& name_suffix) {
   int child_rank = -1;
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] == config_.rank) child_rank = static_cast<int>(i);
   }
   if (child_rank < 0) return nullptr;
-  const Config c = shrunk_config(members, child_rank, epoch, ns_suffix);
-  internal::register_comm_name(c.name);
+  Config c = shrunk_config(members, child_rank, epoch, ns_suffix, name_suffix);
+  c.name = register_unique(c.name);
   auto impl = std::make_shared<Impl>(c);
   try {
     if (!shrink_natively(*impl, members)) impl->create_backends();

@@ -67,13 +67,14 @@ COMMS_API Agreement agree_on_failures(Comm& comm, const AgreeOptions& options = 
 
 // The comm of the survivors of an agreement, ranks renumbered in order, with
 // the parent's backends, device, options, hints and timeouts; named
-// "<parent's name>@e<epoch>". Every survivor confirms the new comm through
+// "<parent's name>@e<epoch>" (".2", ".3", ... appended if this process
+// already has a live comm of that name). Every survivor confirms the new comm through
 // the store before any returns it; if one died meanwhile, all of them throw
 // Error(kPeerFailure) and agree again (the next round finds it).
 COMMS_API std::shared_ptr<Comm> shrink(Comm& comm, const Agreement& agreement);
 // A planned shrink with no failure: every rank of `comm` calls it with the
-// same exclude list; the excluded ranks get null, the others the new comm.
-// `comm` stays usable.
+// same exclude list; the excluded ranks get null, the others the new comm,
+// named "<parent's name>@e<epoch>-without<r>_<r>...". `comm` stays usable.
 COMMS_API std::shared_ptr<Comm> shrink(Comm& comm, std::span<const int> exclude);
 
 struct Recovery {
