@@ -32,15 +32,16 @@ struct Watched {
   std::string ns;
 };
 
-// Unique to this process, across hosts and pid reuse.
+// Unique to this process, across hosts and pid reuse. Leaked: the watcher
+// may tick while exit destroys static objects.
 const std::string& process_token() {
-  static const std::string token = [] {
+  static const std::string* token = [] {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     std::random_device rd;
-    return str::cat(host, ":", ::getpid(), ":", str::hex((uint64_t(rd()) << 32) | rd()));
+    return new std::string(str::cat(host, ":", ::getpid(), ":", str::hex((uint64_t(rd()) << 32) | rd())));
   }();
-  return token;
+  return *token;
 }
 
 std::string heartbeat_key(const std::string& token) { return str::cat("comms/elastic/hb/", token); }

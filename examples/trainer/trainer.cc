@@ -287,6 +287,7 @@ int train_elastic(comms::dist::Group& world, const ElasticRun& run, Model& model
       comm->all_reduce(comms::BufferView::of(buf), comms::ReduceOp::sum());
     } catch (const comms::Error& e) {
       if (e.code() == comms::ErrorCode::kInvalidArgument || e.code() == comms::ErrorCode::kUnsupported) throw;
+      std::fprintf(stderr, "trainer: step %d failed, recovering: %s\n", step, e.what());
       ok = false;
     }
     if (dying) killer.wait_for_death();
