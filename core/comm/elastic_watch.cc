@@ -102,26 +102,28 @@ std::vector<std::string> tick_store(Store& store, StoreState& state, const std::
 
 void revoke_revoked(Store* store, const std::vector<std::string>& revoked) {
   Registry& reg = registry();
+  std::map<std::string, std::string> reasons;  // read before any lock: the store may be slow
+  for (const auto& ns : revoked) {
+    try {
+      reasons[ns] = store->get(revoked_key(ns), std::chrono::seconds(1));
+    } catch (const std::exception& e) {
+      reasons[ns] = e.what();
+    }
+  }
+  // Held while revoking, so that a comm being destroyed waits (unwatch_comm)
+  // instead of vanishing under revoke_local.
   std::lock_guard<std::mutex> tick(reg.tick_mu);
   std::vector<std::pair<Comm::Impl*, std::string>> todo;
   {
     std::lock_guard<std::mutex> lock(reg.mu);
     for (auto& [impl, w] : reg.comms) {
-      if (w.store.get() != store) continue;
-      for (const auto& ns : revoked) {
-        if (w.ns == ns && !impl->is_revoked()) todo.emplace_back(impl, ns);
+      auto reason = reasons.find(w.ns);
+      if (w.store.get() == store && reason != reasons.end() && !impl->is_revoked()) {
+        todo.emplace_back(impl, reason->second);
       }
     }
   }
-  for (auto& [impl, ns] : todo) {
-    std::string reason;
-    try {
-      reason = store->get(revoked_key(ns), std::chrono::seconds(1));
-    } catch (const std::exception& e) {
-      reason = e.what();
-    }
-    impl->revoke_local(str::cat("revoked by another rank: ", reason));
-  }
+  for (auto& [impl, reason] : todo) impl->revoke_local(str::cat("revoked by another rank: ", reason));
 }
 
 void tick() {

@@ -1,8 +1,9 @@
 // The registry of live recorders, dumps, and the watcher thread. The watcher
 // polls the job's store every kPollPeriod for a culprit search request (one
-// counter read) and answers it for every comm of this process; it also
-// turns SIGUSR1 (through a self-pipe, the only thing the handler touches)
-// into dumps. At exit it is woken and joined before libcrypto's exit-time
+// counter read) and answers it for every comm of this process; it runs the
+// tick hook (elastic recovery's heartbeats and revocations) every
+// kTickPeriod; it also turns SIGUSR1 (through a self-pipe, the only thing
+// the handler touches) into dumps. At exit it is woken and joined before libcrypto's exit-time
 // cleanup (see start_watcher); the registry itself is leaked, as exit-time
 // destructors may still run while the watcher does.
 #include <fcntl.h>
