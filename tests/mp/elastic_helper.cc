@@ -86,6 +86,7 @@ ErrorCode until_failure(Comm& comm) {
 int revoked() {
   auto comm = world_comm();
   checked_sum(*comm);
+  if (!agree_all(*comm, true)) return 7;  // every rank is past its sum
   if (comm->rank() == 0) revoke(*comm, "the test revokes it");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const ErrorCode first = until_failure(*comm);
@@ -124,6 +125,8 @@ int cycles(int n) {
     if (!r.agreement.lost.empty()) return 6;
     comm = r.comm;  // the old one is destroyed here
     checked_sum(*comm);
+    // Every rank is past its sum before rank 0 revokes this comm.
+    if (!agree_all(*comm, true)) return 7;
     if (i == 0) {
       fds = count_entries("/proc/self/fd");
       threads = count_entries("/proc/self/task");
