@@ -23,7 +23,7 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr milliseconds kDefaultLiveness{600};
+constexpr milliseconds kDefaultLiveness{1000};
 // How long one wait for a decision record blocks before looking at who is
 // missing: a server-side wait, so a decision wakes it at once.
 constexpr milliseconds kDecisionPoll{50};

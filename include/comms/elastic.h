@@ -40,7 +40,8 @@ struct AgreeOptions {
   // are lost. Unset: the comm's op timeout.
   std::optional<std::chrono::milliseconds> timeout;
   // A rank whose heartbeat has not moved for this long is lost at once.
-  // Unset: COMMS_ELASTIC_LIVENESS_TIMEOUT, else 600 ms.
+  // Unset: COMMS_ELASTIC_LIVENESS_TIMEOUT, else 1 s (a heartbeat comes every
+  // 100 ms; a loaded machine delays some by several hundred).
   std::optional<std::chrono::milliseconds> liveness_timeout;
 };
 
