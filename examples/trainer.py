@@ -12,9 +12,18 @@ float32 (loss in float64), so final_loss= agrees with it.
 
 The backend comes from COMMS_BACKEND (default: Gloo on CPU) and the route that
 creates groups from COMMS_ROUTE (direct or split).
+
+--elastic survives a lost rank as the C++ trainer does (comms.recover, a
+per-step commit vote with comms.agree_all, the step redone on the survivors);
+--fail-rank/--fail-step and --shrink-rank/--shrink-step end with the same
+final_loss (each other's, not the C++ trainer's: numpy sums the batch in another order).
 """
 import argparse
+import os
+import signal
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -114,7 +123,17 @@ def parse_args(argv):
     ap.add_argument("--parallel", default="", help="tp=..,pp=..,cp=..,dp=..,order=..: average over the dp group")
     ap.add_argument("--nccl-communicator-config-path", default="",
                     help="per-group communicator options, Megatron's YAML layout (with --parallel)")
+    ap.add_argument("--elastic", action="store_true",
+                    help="survive a lost rank: recover (revoke, agree, shrink) and redo the step on the survivors")
+    ap.add_argument("--fail-rank", type=int, default=-1, help="with --elastic: this rank SIGKILLs itself")
+    ap.add_argument("--fail-step", type=int, default=0, help="inside this step's all_reduce")
+    ap.add_argument("--shrink-rank", type=int, default=-1, help="with --elastic: a planned shrink removes this rank")
+    ap.add_argument("--shrink-step", type=int, default=0, help="just before this step")
     args = ap.parse_args(argv)
+    if not args.elastic and (args.fail_rank >= 0 or args.shrink_rank >= 0):
+        ap.error("--fail-rank and --shrink-rank need --elastic")
+    if args.elastic and (args.parallel or args.offload_every):
+        ap.error("--elastic trains data-parallel over the world: no --parallel or --offload-every")
     for name in ("steps", "print_every", "batch"):
         if getattr(args, name) <= 0:
             ap.error("--%s must be positive" % name.replace("_", "-"))
@@ -152,6 +171,11 @@ def gradient_group(args, world):
 
 def train(args):
     world = dist.init_process_group(device="cpu")  # binds eagerly: a missing peer shows up here
+    if args.elastic:
+        if world.rank == 0:
+            print("trainer: %d ranks (elastic data parallel), backend %s, model %s, global batch %d"
+                  % (world.size, world.backend, args.model, args.batch))
+        return train_elastic(args, world)
     rank, size = world.rank, world.size
     grads, layout = gradient_group(args, world)
     dp_rank, dp_size = grads.rank, grads.size
@@ -198,6 +222,87 @@ def train(args):
     world.barrier()
     if rank == 0:
         print("final_loss=%.9g" % loss, flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def elastic_step(comm, model, buf, step, batch):
+    """[gradient..., loss] of this rank's samples: rank r of n takes r, r + n, ..."""
+    buf[:] = 0
+    idx = np.arange(step * batch + comm.rank, (step + 1) * batch, comm.size)
+    x, y = samples(idx)
+    local_loss = 0.0
+    for sample_loss in model.accumulate(x, y, buf[:-1], F32(1.0) / F32(batch)):
+        local_loss += float(sample_loss) / batch
+    buf[-1] = F32(local_loss)
+
+
+def kill_inside_all_reduce():
+    """Arms a thread that SIGKILLs this process once the event is set."""
+    go = threading.Event()
+
+    def run():
+        go.wait()
+        print("trainer: killing this rank inside the all_reduce (t=%.6f)" % time.time(), file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=run, daemon=True).start()
+    return go
+
+
+def train_elastic(args, world):
+    comm = world.comm
+    global_rank = world.rank
+    model = Model(args.model == "mlp")
+    if comm.rank == 0:
+        model.init(42)
+    comm.broadcast(model.params, root=0)
+    buf = np.zeros(model.params.size + 1, F32)
+    lr = F32(args.lr)
+    loss, recovered, step = 0.0, False, 1
+    while step <= args.steps:
+        if step == args.shrink_step and 0 <= args.shrink_rank < comm.size:
+            smaller = comms.shrink(comm, exclude=[args.shrink_rank])
+            if smaller is None:
+                print("trainer: rank %d left by a planned shrink before step %d" % (global_rank, step))
+                dist.destroy_process_group()
+                return 0
+            comm = smaller
+            if comm.rank == 0:
+                print("shrunk: excluded rank %d before step %d, world %d" % (args.shrink_rank, step, comm.size))
+        elastic_step(comm, model, buf, step, args.batch)
+        dying = step == args.fail_step and global_rank == args.fail_rank
+        ok = True
+        try:
+            if dying:
+                kill_inside_all_reduce().set()
+            comm.all_reduce(buf, op="sum")
+        except comms.Error as e:
+            if e.code in ("invalid_argument", "unsupported"):
+                raise
+            ok = False
+        while dying:  # never past the step: its vote would count it in
+            time.sleep(1)
+        if not comms.agree_all(comm, ok):
+            r = comms.recover(comm)
+            comm = r["comm"]
+            if comm.rank == 0:
+                print("recovered: lost ranks [%s] in %d ms, world %d"
+                      % (",".join(map(str, r["lost"])), r["took_ms"], comm.size), flush=True)
+            recovered = True
+            continue  # redo the step on the survivors
+        if recovered and comm.rank == 0:
+            print("first step after recovery done (t=%.6f)" % time.time())
+            recovered = False
+        loss = float(buf[-1])
+        model.params -= lr * buf[:-1]
+        if comm.rank == 0 and (step % args.print_every == 0 or step == 1):
+            print("step %d loss %.9g" % (step, loss), flush=True)
+        step += 1
+    comm.barrier()
+    if comm.rank == 0:
+        print("final_loss=%.9g world=%d" % (loss, comm.size), flush=True)
+    comm = None
     dist.destroy_process_group()
     return 0
 

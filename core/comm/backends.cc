@@ -2,6 +2,7 @@
 // before its first op), and the message prefix every error of the comm uses.
 #include "comm/comm_impl.h"
 #include "trace/service.h"
+#include "comm/elastic_watch.h"
 #include "comm/exit_guard.h"
 #include "util/log.h"
 #include "util/strutil.h"
@@ -19,9 +20,13 @@ Comm::Impl::Impl(Config config)
       recorder_(trace::register_comm(
           {config_.name, config_.rank, config_.size, config_.rendezvous_ns, config_.store})) {
   internal::track_live_comm(this);
+  if (config_.store && config_.size > 1) {
+    internal::watch_comm(this, config_.store, config_.rendezvous_ns, config_.rank);
+  }
 }
 
 Comm::Impl::~Impl() {
+  internal::unwatch_comm(this);
   internal::untrack_live_comm(this);
   if (!finalized_) {
     try {

@@ -60,7 +60,7 @@ class WorkState {
 // Whether an op error leaves the backend unusable.
 inline bool is_fatal(ErrorCode code) {
   return code == ErrorCode::kTimeout || code == ErrorCode::kPeerFailure ||
-         code == ErrorCode::kAborted || code == ErrorCode::kInternal;
+         code == ErrorCode::kAborted || code == ErrorCode::kInternal || code == ErrorCode::kRevoked;
 }
 
 }  // namespace detail
@@ -101,6 +101,14 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     bool abort_process_on_error = false;
     std::shared_ptr<Store> store;  // the job's root store
     std::string store_local_address;  // how this process reaches the store
+    uint64_t epoch = 0;  // how many shrinks led to this comm (elastic recovery)
+  };
+
+  // Elastic recovery's per-comm state, used by the thread that issues ops.
+  struct ElasticState {
+    int round = 0;        // agreement round in progress (a failed shrink retries)
+    uint64_t votes = 0;   // agree_all calls so far
+    std::vector<int> lost;  // the last agreed failed set
   };
 
   explicit Impl(Config config);
@@ -177,6 +185,20 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   const internal::LoadedPlugin& plugin_serving(DeviceType t, std::string_view op) const;
   // ---- end of registered buffers ----
 
+  // --- elastic recovery (elastic.cc, shrink.cc, elastic_watch.cc) ---------
+  // Fails every pending and future op with kRevoked and aborts the backends;
+  // local only (revoke() also tells the other ranks). Safe from any thread.
+  void revoke_local(const std::string& reason);
+  bool is_revoked() const { return revoked_.load(); }
+  ElasticState& elastic() { return elastic_; }
+  // A new comm of `members` (parent ranks, ascending) with this comm's
+  // configuration, epoch `epoch`, its backends re-created (or natively
+  // shrunk) under a fresh namespace ending in `ns_suffix`, named
+  // "<base name>@e<epoch><name_suffix>". Collective over the members;
+  // returns null on a non-member.
+  std::shared_ptr<Comm> shrink_to(const std::vector<int>& members, uint64_t epoch, const std::string& ns_suffix,
+                                  const std::string& name_suffix = "");
+
  private:
   plugin::BackendInit init_for(DeviceType t) const;
   std::string store_prefix(DeviceType t) const;
@@ -216,6 +238,12 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   std::atomic<uint64_t> seq_{0};
   bool finalized_ = false;
   std::shared_ptr<trace::Recorder> recorder_;
+  std::atomic<bool> revoked_{false};
+  ElasticState elastic_;
+  // Steps of shrink_to.
+  Config shrunk_config(const std::vector<int>& members, int child_rank, uint64_t epoch,
+                       const std::string& ns_suffix, const std::string& name_suffix) const;
+  bool shrink_natively(Impl& child, const std::vector<int>& members);
 };
 
 namespace internal {

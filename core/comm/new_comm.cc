@@ -96,6 +96,8 @@ std::shared_ptr<Comm> create_comm(const std::string& backend, std::optional<Devi
   }
   c.init_timeout = timeout_from(options.init_timeout, "COMMS_INIT_TIMEOUT", kDefaultInitTimeout);
   c.op_timeout = timeout_from(options.op_timeout, "COMMS_OP_TIMEOUT", kDefaultOpTimeout);
+  // Used only by a recovery, read here: a malformed value fails now, not then.
+  env::get_duration("COMMS_ELASTIC_LIVENESS_TIMEOUT");
   c.hints = options.hints;
   c.abort_process_on_error = options.abort_process_on_error;
   c.store = options.store ? options.store : default_store(c.rank, c.size, c.init_timeout);

@@ -61,6 +61,16 @@ void Comm::Impl::on_fatal(DeviceType t, const Error& error) {
 }
 
 Error Comm::Impl::op_error(OpType type, uint64_t seq, Status status, DeviceType t) {
+  if (revoked_.load() && detail::is_fatal(status.code) && status.code != ErrorCode::kRevoked) {
+    // The revocation ended it (its abort), whatever the backend saw.
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      why = slot(t).failure;
+    }
+    status = Status(ErrorCode::kRevoked, str::cat(why, " (the backend said: ", to_string(status.code), ": ",
+                                                  status.message, ")"), status.peer);
+  }
   recorder_->failed(seq, status.code, status.peer);
   if (status.code == ErrorCode::kTimeout) {
     const std::string culprit = trace::find_culprit(recorder_, seq, type);
@@ -97,6 +107,10 @@ DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::C
                                  " is offloaded; reload it first (dist::reload_groups() or "
                                  "Comm::reload_backend)")});
     case BackendState::kFailed:
+      if (revoked_.load()) {
+        throw make_error(args.type, next,
+                         {ErrorCode::kRevoked, str::cat(s.failure, "; recover (comms::recover) and use the shrunk comm")});
+      }
       throw make_error(args.type, next,
                        {ErrorCode::kAborted, str::cat("the comm failed earlier and cannot run ops: ", s.failure)});
     default:

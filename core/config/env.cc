@@ -17,6 +17,7 @@ constexpr Variable kVariables[] = {
     {"COMMS_ROUTE", "direct", "How comms::dist creates groups: direct (each group bootstraps its own communicators from the store) or split (groups are carved from the bound world with Comm::split). Any other value is an error at init_process_group."},
     {"COMMS_INIT_TIMEOUT", "5m", "Timeout of communicator initialisation and rendezvous (250ms, 30s, 5m, or plain seconds). CommOptions::init_timeout wins over it."},
     {"COMMS_OP_TIMEOUT", "10m", "Timeout of each operation. CommOptions::op_timeout and OpOptions::timeout win over it."},
+    {"COMMS_ELASTIC_LIVENESS_TIMEOUT", "1s", "Elastic recovery: a rank whose store heartbeat (written about every 100 ms) has not moved for this long is lost to an agreement at once. AgreeOptions::liveness_timeout wins over it."},
     {"COMMS_STORE", "", "Rendezvous store: file:///shared/dir or tcp://host:port. Unset: MASTER_ADDR/MASTER_PORT, or an in-process store for a single process."},
     {"COMMS_LAUNCHER_STORE", "0", "Boolean. 1: a launcher hosts the TCP store at MASTER_ADDR:MASTER_PORT. 0: rank 0 hosts it. (commsrun announces its store in COMMS_STORE instead.)"},
     {"COMMS_STORE_TOKEN", "", "Shared secret of the TCP store: every client proves it (HMAC-SHA256 challenge-response, never sent in clear) before any request is served, and the server proves it back. Set the same value on every node of a multi-node job; commsrun makes a random one for a single-node job. Unset (and no COMMS_STORE_TOKEN_FILE): the store is open to anyone who can reach it."},

@@ -1,8 +1,9 @@
 // The registry of live recorders, dumps, and the watcher thread. The watcher
 // polls the job's store every kPollPeriod for a culprit search request (one
-// counter read) and answers it for every comm of this process; it also
-// turns SIGUSR1 (through a self-pipe, the only thing the handler touches)
-// into dumps. At exit it is woken and joined before libcrypto's exit-time
+// counter read) and answers it for every comm of this process; it runs the
+// tick hook (elastic recovery's heartbeats and revocations) every
+// kTickPeriod; it also turns SIGUSR1 (through a self-pipe, the only thing
+// the handler touches) into dumps. At exit it is woken and joined before libcrypto's exit-time
 // cleanup (see start_watcher); the registry itself is leaked, as exit-time
 // destructors may still run while the watcher does.
 #include <fcntl.h>
@@ -34,6 +35,9 @@ namespace comms::trace {
 namespace {
 
 constexpr auto kPollPeriod = std::chrono::milliseconds(500);
+// The tick hook (elastic recovery's heartbeats and revocations) runs this often.
+constexpr auto kTickPeriod = std::chrono::milliseconds(100);
+std::atomic<void (*)()> tick_hook{nullptr};
 constexpr int64_t kRecentRequests = 2;
 
 struct Registry {
@@ -127,15 +131,19 @@ void watch() {
   std::map<Store*, StoreWatch> watches;
   Registry& reg = registry();
   const int fd = reg.wake_read.load();
+  auto next_answer = std::chrono::steady_clock::now();
   while (!reg.stopping.load()) {
     pollfd p{fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(kPollPeriod.count()));
+    const int n = ::poll(&p, 1, static_cast<int>(kTickPeriod.count()));
     if (reg.stopping.load()) break;
     if (n > 0 && (p.revents & POLLIN)) {
       char buf[64];
       if (::read(fd, buf, sizeof(buf)) > 0) dump_all("SIGUSR1");
     }
+    if (auto hook = tick_hook.load()) hook();
+    if (std::chrono::steady_clock::now() < next_answer) continue;
     answer_requests(watches);
+    next_answer = std::chrono::steady_clock::now() + kPollPeriod;
   }
   reg.done = true;
 }
@@ -215,6 +223,8 @@ std::shared_ptr<Recorder> register_comm(CommInfo info) {
   if (r->info().store && r->info().size > 1) start_watcher(reg);
   return r;
 }
+
+void set_tick_hook(void (*hook)()) { tick_hook.store(hook); }
 
 bool dump(const Recorder& recorder, const std::string& reason) {
   const auto dir = env::get("COMMS_TRACE_DIR");

@@ -15,6 +15,10 @@ namespace comms::trace {
 // A recorder for a new comm, known to dumps and the watcher until it dies.
 std::shared_ptr<Recorder> register_comm(CommInfo info);
 
+// Runs `hook` on the watcher thread about every 100 ms (elastic recovery's
+// heartbeats and revocation checks). It must not block for long.
+void set_tick_hook(void (*hook)());
+
 // Writes $COMMS_TRACE_DIR/<comm>.rank<R>.json (nothing when it is unset).
 // Never throws; a failure is logged.
 // Returns whether a file was written.

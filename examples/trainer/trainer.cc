@@ -9,6 +9,14 @@
 // With --parallel tp=2,dp=2 (or any Megatron layout) it builds a
 // model-parallel collection and averages over its dp group instead.
 //
+// With --elastic it survives a lost rank: a step whose all_reduce failed,
+// or that not every rank completed (a per-step commit vote), is redone on
+// the survivors after comms::recover(). Each rank's share of the batch is a
+// function of (rank, world size) of the comm in force and the reduction is a
+// plain sum in a fixed order, so a run that loses rank R at step K ends with
+// the same final_loss, to the bit, as one that shrinks R away by plan just
+// before step K (--fail-rank/--fail-step vs --shrink-rank/--shrink-step).
+//
 // The backend comes from COMMS_BACKEND (default: Gloo on CPU) and the route
 // that creates groups from COMMS_ROUTE (direct or split), so switching either
 // needs no code change.
@@ -19,6 +27,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -195,6 +204,132 @@ struct Model {
   }
 };
 
+
+// --elastic: one all_reduce of [gradient..., loss] per step, summed. Rank r
+// of n takes samples r, r + n, ... of the step's global batch; each sample
+// weighs 1 / global batch, so the sum is the batch's mean whatever n is.
+struct ElasticRun {
+  int steps, print_every, global_batch;
+  float lr;
+  int fail_rank = -1, fail_step = 0;      // --fail-rank R --fail-step K
+  int shrink_rank = -1, shrink_step = 0;  // --shrink-rank R --shrink-step K
+};
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Rank R's end at the failing step: another thread SIGKILLs the process
+// while the main thread is inside the step's all_reduce.
+class SelfKiller {
+ public:
+  void arm() {
+    thread_ = std::thread([this] {
+      while (!go_.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::fprintf(stderr, "trainer: killing this rank inside the all_reduce (t=%.6f)\n", unix_seconds());
+      kill(getpid(), SIGKILL);
+    });
+  }
+  void fire() { go_.store(true); }
+  // The main thread never gets past the step (its vote would count it in).
+  [[noreturn]] void wait_for_death() {
+    while (true) pause();
+  }
+
+ private:
+  std::atomic<bool> go_{false};
+  std::thread thread_;
+};
+
+double elastic_step(comms::Comm& comm, const Model& model, std::vector<float>& buf, int step,
+                    const ElasticRun& run) {
+  std::fill(buf.begin(), buf.end(), 0.0f);
+  const float weight = 1.0f / static_cast<float>(run.global_batch);
+  double local_loss = 0;
+  for (int i = comm.rank(); i < run.global_batch; i += comm.size()) {
+    const double l = model.accumulate(sample(uint64_t(step) * run.global_batch + i), buf, weight);
+    local_loss += l / run.global_batch;
+  }
+  buf.back() = static_cast<float>(local_loss);
+  return local_loss;
+}
+
+int train_elastic(comms::dist::Group& world, const ElasticRun& run, Model& model, StopWatcher& stop) {
+  std::shared_ptr<comms::Comm> comm = world.shared_comm();
+  const int global_rank = world.rank();
+  if (comm->rank() == 0) model.init(42);
+  comm->broadcast(comms::BufferView::of(model.params), 0);
+  std::vector<float> buf(model.params.size() + 1);
+  SelfKiller killer;
+  double loss = 0;
+  bool recovered = false;
+  for (int step = 1; step <= run.steps; ++step) {
+    if (step == run.shrink_step && run.shrink_rank >= 0 && run.shrink_rank < comm->size()) {
+      stop.at("a planned shrink", step);
+      const int excluded[] = {run.shrink_rank};
+      auto smaller = comms::shrink(*comm, excluded);
+      if (!smaller) {
+        std::printf("trainer: rank %d left by a planned shrink before step %d\n", global_rank, step);
+        comm.reset();
+        comms::dist::destroy_process_group();
+        return 0;
+      }
+      comm = std::move(smaller);
+      if (comm->rank() == 0) std::printf("shrunk: excluded rank %d before step %d, world %d\n", run.shrink_rank, step, comm->size());
+    }
+    stop.at("the gradient all_reduce", step);
+    elastic_step(*comm, model, buf, step, run);
+    const bool dying = step == run.fail_step && global_rank == run.fail_rank;
+    if (dying) killer.arm();
+    bool ok = true;
+    try {
+      if (dying) killer.fire();
+      comm->all_reduce(comms::BufferView::of(buf), comms::ReduceOp::sum());
+    } catch (const comms::Error& e) {
+      if (e.code() == comms::ErrorCode::kInvalidArgument || e.code() == comms::ErrorCode::kUnsupported) throw;
+      std::fprintf(stderr, "trainer: step %d failed, recovering: %s\n", step, e.what());
+      ok = false;
+    }
+    if (dying) killer.wait_for_death();
+    stop.at("the step's commit vote", step);
+    if (!comms::agree_all(*comm, ok)) {
+      stop.at("recovery (revoke, agree, shrink)", step);
+      comms::Recovery r = comms::recover(*comm);
+      comm = r.comm;
+      if (comm->rank() == 0) {
+        std::string lost;
+        for (int l : r.agreement.lost) lost += (lost.empty() ? "" : ",") + std::to_string(l);
+        std::printf("recovered: lost ranks [%s] in %lld ms, world %d\n", lost.c_str(),
+                    static_cast<long long>(r.took.count()), comm->size());
+        std::fflush(stdout);
+      }
+      recovered = true;
+      --step;  // redo it on the survivors
+      continue;
+    }
+    if (recovered && comm->rank() == 0) {
+      std::printf("first step after recovery done (t=%.6f)\n", unix_seconds());
+      recovered = false;
+    }
+    loss = buf.back();
+    for (size_t p = 0; p < model.params.size(); ++p) model.params[p] -= run.lr * buf[p];
+    if (comm->rank() == 0 && (step % run.print_every == 0 || step == 1)) {
+      std::printf("step %d loss %.9g\n", step, loss);
+      std::fflush(stdout);
+    }
+    if (const int sig = stop.requested()) {
+      std::fprintf(stderr, "trainer: stopped by SIG%s at step %d\n", sigabbrev_np(sig), step);
+      return 128 + sig;
+    }
+  }
+  stop.at("the final barrier and shutdown", run.steps);
+  comm->barrier();
+  if (comm->rank() == 0) std::printf("final_loss=%.9g world=%d\n", loss, comm->size());
+  comm.reset();
+  comms::dist::destroy_process_group();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -220,7 +355,23 @@ int main(int argc, char** argv) {
                  "gradients over its dp group (tp/pp/cp peers hold replicas of this tiny model)");
   app.add_option("--nccl-communicator-config-path", comm_config_path,
                  "per-group communicator options, Megatron's YAML layout (with --parallel)");
+  bool elastic = false;
+  ElasticRun erun{};
+  app.add_flag("--elastic", elastic,
+               "survive a lost rank: recover (revoke, agree, shrink) and redo the step on the survivors");
+  app.add_option("--fail-rank", erun.fail_rank, "with --elastic: this rank SIGKILLs itself inside --fail-step's all_reduce");
+  app.add_option("--fail-step", erun.fail_step, "the step --fail-rank dies in");
+  app.add_option("--shrink-rank", erun.shrink_rank, "with --elastic: a planned shrink removes this rank (of the comm in force)");
+  app.add_option("--shrink-step", erun.shrink_step, "just before this step");
   CLI11_PARSE(app, argc, argv);
+  if (!elastic && (erun.fail_rank >= 0 || erun.shrink_rank >= 0)) {
+    std::fprintf(stderr, "trainer: --fail-rank and --shrink-rank need --elastic\n");
+    return 2;
+  }
+  if (elastic && (!parallel_text.empty() || offload_every > 0)) {
+    std::fprintf(stderr, "trainer: --elastic trains data-parallel over the world: no --parallel or --offload-every\n");
+    return 2;
+  }
 
   StopWatcher stop;
   try {
@@ -231,6 +382,18 @@ int main(int argc, char** argv) {
     comms::dist::InitOptions init;
     init.device = comms::Device::cpu();
     comms::dist::Group world = comms::dist::init_process_group(init);
+    if (elastic) {
+      erun.steps = steps;
+      erun.print_every = print_every;
+      erun.global_batch = global_batch;
+      erun.lr = lr;
+      if (world.rank() == 0) {
+        std::printf("trainer: %d ranks (elastic data parallel), backend %s, model %s, global batch %d\n",
+                    world.size(), world.backend().c_str(), model_kind.c_str(), global_batch);
+      }
+      Model model(model_kind == "mlp");
+      return train_elastic(world, erun, model, stop);
+    }
     const int rank = world.rank();
     const int size = world.size();
     // Gradients are averaged over the data-parallel group: the whole world,

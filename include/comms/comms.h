@@ -7,6 +7,7 @@
 #include "comms/bootstrap.h"
 #include "comms/comm.h"
 #include "comms/dist.h"
+#include "comms/elastic.h"
 #include "comms/lifecycle.h"
 #include "comms/parallel.h"
 #include "comms/registration.h"

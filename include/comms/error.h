@@ -21,6 +21,7 @@ enum class ErrorCode : uint8_t {
   kAborted,          // abort() was called, or the comm failed earlier
   kNotFound,         // a plugin, key or device that does not exist
   kInternal,         // a bug or an unexpected failure of a lower layer
+  kRevoked,          // the comm was revoked (comms/elastic.h): recover, then use the shrunk comm
 };
 
 constexpr std::string_view to_string(ErrorCode code) {
@@ -33,6 +34,7 @@ constexpr std::string_view to_string(ErrorCode code) {
     case ErrorCode::kAborted: return "aborted";
     case ErrorCode::kNotFound: return "not_found";
     case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kRevoked: return "revoked";
   }
   return "unknown";
 }

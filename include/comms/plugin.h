@@ -86,8 +86,9 @@
 // 2.1: PluginDescriptor::capabilities.
 // 2.2: registered buffers (Backend::register_buffer/deregister_buffer,
 //      PluginDescriptor::features, mem_alloc, mem_free; issue 27).
+// 2.3: Backend::shrink (elastic recovery; see the block marked ABI 2.3 below).
 #define COMMS_PLUGIN_ABI_MAJOR 2u
-#define COMMS_PLUGIN_ABI_MINOR 2u
+#define COMMS_PLUGIN_ABI_MINOR 3u
 #define COMMS_PLUGIN_ABI_VERSION ((COMMS_PLUGIN_ABI_MAJOR << 16) | COMMS_PLUGIN_ABI_MINOR)
 #define COMMS_PLUGIN_ENTRY_SYMBOL "comms_plugin_entry"
 // Put on comms_plugin_entry: plugins are built with hidden visibility.
@@ -243,7 +244,7 @@ class Backend {
   // finalize released.
   virtual int64_t device_memory_used() const { return -1; }
 
-  // ---- ABI 2.2: registered buffers (issue 27; renumber with this block) ----
+  // ---- ABI 2.2: registered buffers ----
   // Called only on plugins of minor >= 2 whose descriptor claims
   // kFeatureRegisterBuffers. Registers [data, data + bytes) with the
   // backend's library for this comm (NCCL: ncclCommRegister) and returns its
@@ -256,6 +257,22 @@ class Backend {
     return {ErrorCode::kUnsupported, "this backend cannot register buffers"};
   }
   // ---- end of ABI 2.2 ----
+
+  // ---- ABI 2.3 (elastic recovery) -------------------------------------------
+  // Builds the backend of the survivors of this (revoked, aborted) backend:
+  // `desc.ranks` are the surviving parent ranks in child-rank order, the same
+  // on every survivor; the excluded ranks do not take part (they may be dead).
+  // `desc.child` is the new backend's init, under a fresh store namespace.
+  // Collective over the survivors. kUnsupported (the default) makes libcomms
+  // re-create the backend through PluginDescriptor::create with desc.child,
+  // which every backend supports; a native shrink (NCCL's ncclCommShrink) is
+  // only faster. Called only on plugins of ABI >= 2.3.
+  virtual Status shrink(const SplitDesc& desc, std::unique_ptr<Backend>* child) {
+    (void)desc;
+    (void)child;
+    return Status(ErrorCode::kUnsupported, "no native shrink");
+  }
+  // ---- end of ABI 2.3 ---------------------------------------------------------
 };
 
 constexpr uint32_t op_bit(OpType t) { return 1u << static_cast<unsigned>(t); }
@@ -305,7 +322,7 @@ struct PluginDescriptor {
   // or a plugin of ABI 2.0) claims everything.
   const Capabilities* capabilities = nullptr;
 
-  // ---- ABI 2.2: registered buffers (issue 27; renumber with this block) ----
+  // ---- ABI 2.2: registered buffers ----
   // kFeature* bits; absent (0): none.
   uint32_t features = 0;
   // Device memory the backend's library prefers for registered buffers

@@ -2,10 +2,11 @@
 (1e-5 relative) and the same step lines, on both COMMS_ROUTE values."""
 import os
 import re
+import subprocess
 
 import pytest
 
-from conftest import BUILD, PYTHON, SOURCE_ROOT, job_env, run_job
+from conftest import BUILD, COMMSRUN, PYTHON, SOURCE_ROOT, job_env, run_job
 
 CXX_TRAINER = os.path.join(BUILD, "examples", "trainer")
 PY_TRAINER = os.path.join(SOURCE_ROOT, "examples", "trainer.py")
@@ -50,3 +51,23 @@ def test_mlp_with_offload_and_parallel_layout_matches_cxx():
     py_other = [l for l in py.splitlines() if " loss " not in l and "final_loss" not in l]
     assert py_other == cxx_other, (py_other, cxx_other)  # header and offload/reload reports
     assert any("offload: groups=" in l for l in py_other), py
+
+
+def run_elastic(program, *args):
+    """trainer --elastic under commsrun --keep-going at 4 ranks; returns its output."""
+    cmd = [COMMSRUN, "-n", "4", "--keep-going", "--timeout", "60", "--"] + program + [
+        "--elastic", "--steps", "30", "--print-every", "10"] + list(args)
+    proc = subprocess.run(cmd, env=job_env(COMMS_OP_TIMEOUT="20s"), capture_output=True, text=True, timeout=75)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def test_elastic_loss_of_a_killed_rank_equals_a_planned_shrink_and_the_cxx_trainer():
+    failed = run_elastic([PYTHON, PY_TRAINER], "--fail-rank", "2", "--fail-step", "9")
+    planned = run_elastic([PYTHON, PY_TRAINER], "--shrink-rank", "2", "--shrink-step", "9")
+    cxx = run_elastic([CXX_TRAINER], "--shrink-rank", "2", "--shrink-step", "9")
+    assert "recovered: lost ranks [2] in " in failed and "lost ranks [2]" in failed, failed
+    final = re.findall(r"final_loss=(\S+) world=3", failed)
+    assert final and final == re.findall(r"final_loss=(\S+) world=3", planned), (failed, planned)
+    cxx_final = float(re.findall(r"final_loss=(\S+) world=3", cxx)[0])
+    assert abs(float(final[0]) - cxx_final) <= 1e-5 * abs(cxx_final), (final, cxx_final)

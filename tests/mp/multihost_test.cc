@@ -55,11 +55,13 @@ std::map<std::string, std::string> env(const std::map<std::string, std::string>&
 
 // commsrun for node i of a `nodes`-node job with the store on node 0's eth0.
 std::unique_ptr<Job> start_node(const Network& net, int i, int nodes, const std::vector<std::string>& trainer_args,
-                                const std::map<std::string, std::string>& environment) {
+                                const std::map<std::string, std::string>& environment, bool keep_going = false) {
   std::vector<std::string> argv = {COMMSRUN, "-n", std::to_string(kRanksPerNode), "--nnodes", std::to_string(nodes),
                                    "--node-rank", std::to_string(i), "--master-addr", Network::address(0, 0),
                                    "--master-port", std::to_string(kStorePort), "--timeout", "50",
-                                   "--exit-barrier-timeout", "20", "--", TRAINER};
+                                   "--exit-barrier-timeout", "20"};
+  if (keep_going) argv.push_back("--keep-going");
+  argv.insert(argv.end(), {"--", TRAINER});
   argv.insert(argv.end(), trainer_args.begin(), trainer_args.end());
   return std::make_unique<Job>(net.node(i), argv, environment);
 }
@@ -192,6 +194,38 @@ TEST_F(MultiHost, GlooPairsConnectOverTheInterfaceThatCommsGlooIfnameNames) {
     EXPECT_GE(store, 2) << "the ranks' store connections";
     EXPECT_EQ(gloo_locals, std::set<std::string>{Network::address(0, on)});
     EXPECT_EQ(gloo_peers, (std::set<std::string>{Network::address(0, on), Network::address(1, on)}));
+  }
+}
+
+TEST_F(MultiHost, AnElasticJobThatLosesAHostFinishesOnTheOtherHostsRanks) {
+  std::vector<std::string> backends = {"cpu:gloo"};
+#if UCX_PLUGIN_BUILT
+  backends.push_back("cpu:ucx");  // ucx across hosts
+#endif
+  for (const auto& backend : backends) {
+    SCOPED_TRACE(backend);
+    Network net(2);
+    const auto e = env({{"COMMS_OP_TIMEOUT", "3s"}, {"COMMS_BACKEND", backend}});
+    std::vector<std::unique_ptr<Job>> jobs;
+    for (int i = 0; i < 2; ++i) {
+      jobs.push_back(start_node(net, i, 2, {"--elastic", "--steps", "1500", "--print-every", "50"}, e, true));
+    }
+    const auto all = raw(jobs);
+    ASSERT_TRUE(pump_until(all, [&] { return jobs[0]->find("] step 50 ") != nullptr; }, Clock::now() + 40s))
+        << outputs(jobs);
+    must({"ip", "-n", net.switch_ns(), "link", "set", Network::switch_port(1, 0), "down"});
+    ASSERT_TRUE(pump_until(all, [&] { return jobs[0]->find("final_loss=") != nullptr; }, Clock::now() + 40s))
+        << outputs(jobs);
+    // Node 0's ranks exit 0 (commsrun then reports nothing for them); node
+    // 1's, cut off from the store, are killed with their jobs.
+    pump_until(all, [] { return false; }, Clock::now() + 3s);
+    const Job& node0 = *jobs[0];
+    EXPECT_NE(node0.find("recovered: lost ranks [2,3] in "), nullptr) << outputs(jobs);
+    EXPECT_NE(node0.find("world=2"), nullptr) << outputs(jobs);
+    for (int rank = 0; rank < kRanksPerNode; ++rank) {
+      EXPECT_EQ(node0.find("rank " + std::to_string(rank) + " (pid "), nullptr) << "rank " << rank << " failed\n"
+                                                                               << outputs(jobs);
+    }
   }
 }
 

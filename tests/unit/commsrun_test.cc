@@ -287,6 +287,20 @@ TEST(Commsrun, KeepGoingLetsTheOthersFinishAndTheFirstFailureIsTheExitCode) {
   EXPECT_FALSE(r.hit_limit);
 }
 
+TEST(Commsrun, KeepGoingExitsZeroNamingTheLostRanksWhenTheSurvivorsFinished) {
+  // Ranks 1 and 3 are lost to signals; 0 and 2 finish: the job recovered.
+  auto r = run_commsrun({"-n", "4", "--keep-going", "--", "sh", "-c",
+                         "case $RANK in 1|3) kill -9 $$;; *) sleep 1; echo finished;; esac"});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.err, "--keep-going: the survivors finished; lost ranks [1,3]")) << describe(r);
+  EXPECT_TRUE(contains(r.out, "[0] finished")) << describe(r);
+  EXPECT_TRUE(contains(r.out, "[2] finished")) << describe(r);
+  // Without --keep-going the same job fails with the lost rank's signal.
+  auto stopped = run_commsrun({"-n", "4", "--", "sh", "-c",
+                               "case $RANK in 1|3) kill -9 $$;; *) sleep 1; echo finished;; esac"});
+  EXPECT_EQ(stopped.exit_code, 137) << describe(stopped);
+}
+
 TEST(Commsrun, ARankKilledBySignalGives128PlusTheSignal) {
   auto r = run_commsrun({"-n", "3", "--", "sh", "-c", "if [ $RANK = 2 ]; then kill -9 $$; fi; exec sleep 60"});
   EXPECT_EQ(r.exit_code, 137) << describe(r);

@@ -34,9 +34,22 @@ int Launcher::run(uint16_t store_port) {
                                        std::chrono::duration<double>(options_.timeout_s));
   }
   event_loop();
-  int code = exit_code_.value_or(0);
+  int code = keep_going_status(exit_code_.value_or(0));
   if (options_.nnodes > 1) code = exit_barrier(code, store_port);
   return code;
+}
+
+int Launcher::keep_going_status(int code) {
+  if (!options_.keep_going || failed_.empty() || stopping_ || received_signal_ != 0) return code;
+  if (failed_.size() == ranks_.size()) return code;
+  std::vector<int> lost;
+  for (const auto& [rank, status] : failed_) {
+    if (!WIFSIGNALED(status)) return code;  // a rank failed by itself: the job did not recover
+    lost.push_back(rank);
+  }
+  std::sort(lost.begin(), lost.end());
+  say(str::cat("--keep-going: the survivors finished; lost ranks [", str::join(lost, ","), "]"));
+  return 0;
 }
 
 bool Launcher::setup_signals() {
@@ -99,7 +112,10 @@ void Launcher::reap() {
     pid_t done = ::waitpid(rank.pid, &status, WNOHANG);
     if (done != rank.pid) continue;
     rank.running = false;
-    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failures.push_back({&rank, status});
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      failures.push_back({&rank, status});
+      failed_.emplace_back(rank.rank, status);
+    }
   }
   if (failures.empty()) {
     if (running_count() == 0 && !all_exited_at_) all_exited_at_ = Clock::now();

@@ -48,6 +48,9 @@ class Launcher {
   // (said) when it cannot be had, with exit_code_ set when a signal ended
   // the wait for node 0.
   std::optional<uint16_t> choose_master_port(uint16_t store_port);
+  // --keep-going: 0 when the survivors finished (every other rank exited 0,
+  // and every failed rank was lost to a signal), else `code`.
+  int keep_going_status(int code);
 
   LaunchOptions options_;
   std::string program_path_;
@@ -56,6 +59,7 @@ class Launcher {
   bool stopping_ = false;
   int received_signal_ = 0;
   std::optional<int> exit_code_;
+  std::vector<std::pair<int, int>> failed_;  // (rank, wait status) of each rank that failed
   std::optional<Clock::time_point> run_deadline_;
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> all_exited_at_;

@@ -1,0 +1,38 @@
+// Elastic recovery's background half: every comm with peers is watched, on
+// the trace watcher's thread (about every 100 ms), for
+// - heartbeats: each process bumps "comms/elastic/hb/<process token>" on its
+//   comms' stores (the token is unique to the process; each comm records
+//   its ranks' tokens under "<namespace>/elastic/process/<rank>" when it is
+//   created), so an agreement can tell a dead or stopped rank (its counter
+//   stands still) from a slow one;
+// - revocations: revoke() publishes "<comm namespace>/elastic/revoked" and
+//   bumps "comms/elastic/revocations"; a change of that one counter makes the
+//   watcher look for its revoked comms and revoke them here too, so that
+//   their pending and future ops fail with kRevoked on every rank.
+// No thread of its own, no spinning: one or two store calls per tick.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comms/comm.h"
+#include "comms/store.h"
+
+namespace comms::internal {
+
+// Records this process's token for `rank` of the comm and starts watching.
+void watch_comm(Comm::Impl* impl, std::shared_ptr<Store> store, std::string ns, int rank);
+// Blocks until a tick in progress has let go of `impl`.
+void unwatch_comm(Comm::Impl* impl);
+
+std::string revoked_key(const std::string& ns);
+// The heartbeat counter of the process behind `rank` of the comm `ns`;
+// *ended tells whether that process is on this host and has ended (a
+// local death needs no heartbeat to go stale).
+std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std::chrono::milliseconds timeout,
+                             bool* ended);
+// Tells every rank's watcher that the comm of namespace `ns` is revoked.
+void publish_revocation(Store& store, const std::string& ns, const std::string& reason);
+
+}  // namespace comms::internal

@@ -1,0 +1,100 @@
+// Elastic recovery: the survivors of a lost rank revoke the comm, agree on
+// who is gone, and shrink to a comm of themselves, without a restart.
+//
+//   try {
+//     comm->all_reduce(grad, ReduceOp::sum());
+//   } catch (const comms::Error& e) {
+//     if (e.code() == ErrorCode::kInvalidArgument) throw;
+//     comms::Recovery r = comms::recover(*comm);  // revoke + agree + shrink
+//     comm = r.comm;                              // the survivors, renumbered
+//   }
+//
+// Everything goes through the job's store (commsrun hosts it outside the
+// ranks, so it outlives any of them). Liveness comes from heartbeats that
+// each process's comms watcher writes there about every 100 ms: a rank whose
+// heartbeat stands still for the liveness timeout (dead, or stopped with
+// SIGSTOP) is lost, and one whose process ended on this host at once; so is
+// one that has not joined the agreement by its deadline. A rank that is alive learns of a revocation from the store
+// within about 100 ms, however idle it is.
+//
+// Threading: call these from the thread that issues the comm's ops (like
+// ops), except revoke() and is_revoked(), which are safe from any thread.
+#pragma once
+
+#include "comms/export.h"
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comms/comm.h"
+
+namespace comms {
+
+struct AgreeOptions {
+  // How long to wait for every live rank to join; ranks still missing then
+  // are lost. Unset: the comm's op timeout.
+  std::optional<std::chrono::milliseconds> timeout;
+  // A rank whose heartbeat has not moved for this long is lost at once.
+  // Unset: COMMS_ELASTIC_LIVENESS_TIMEOUT, else 1 s (a heartbeat comes every
+  // 100 ms; a loaded machine delays some by several hundred).
+  std::optional<std::chrono::milliseconds> liveness_timeout;
+};
+
+// The outcome of an agreement: the same on every survivor, never two answers.
+struct Agreement {
+  uint64_t epoch = 0;     // the shrunk comm's epoch: the parent's + 1
+  std::vector<int> lost;  // ranks of the agreeing comm, ascending
+  int round = 0;          // 0, or more when a rank died during a shrink
+};
+
+// Marks the comm revoked here and tells every other rank through the store:
+// each rank's pending ops (once the revocation reached it) and all its later
+// ops on the comm fail with ErrorCode::kRevoked. The backends are aborted,
+// not destroyed (a rank may be stuck in them). Idempotent; any thread.
+COMMS_API void revoke(Comm& comm, const std::string& reason = "revoke() called");
+COMMS_API bool is_revoked(const Comm& comm);
+
+// Agrees with every live rank of `comm` on the set of lost ranks. Collective
+// over the survivors; they all return the same Agreement. A rank that the
+// others declared lost (it came too late) gets Error(kPeerFailure). A rank
+// that dies during the agreement is either in the set or, if it died after
+// the decision, found by the next round (recover() runs it).
+COMMS_API Agreement agree_on_failures(Comm& comm, const AgreeOptions& options = {});
+
+// The comm of the survivors of an agreement, ranks renumbered in order, with
+// the parent's backends, device, options, hints and timeouts; named
+// "<parent's name>@e<epoch>" (".2", ".3", ... appended if this process
+// already has a live comm of that name). Every survivor confirms the new comm through
+// the store before any returns it; if one died meanwhile, all of them throw
+// Error(kPeerFailure) and agree again (the next round finds it).
+COMMS_API std::shared_ptr<Comm> shrink(Comm& comm, const Agreement& agreement);
+// A planned shrink with no failure: every rank of `comm` calls it with the
+// same exclude list; the excluded ranks get null, the others the new comm,
+// named "<parent's name>@e<epoch>-without<r>_<r>...". `comm` stays usable.
+COMMS_API std::shared_ptr<Comm> shrink(Comm& comm, std::span<const int> exclude);
+
+struct Recovery {
+  std::shared_ptr<Comm> comm;  // the survivors' comm
+  Agreement agreement;
+  std::chrono::milliseconds took{0};
+};
+// After a failed op: revoke, agree, shrink; repeated while ranks keep dying
+// during the shrink. The old comm stays revoked (destroy it when done).
+COMMS_API Recovery recover(Comm& comm, const AgreeOptions& options = {});
+
+// A cheap per-step commit vote: true on every rank when every rank of `comm`
+// passed ok = true, false on every rank otherwise (a rank voted false, died,
+// or missed the deadline). Store-only (works on a broken comm), about four
+// store round trips. A trainer applies a step only when the vote is true, so
+// no survivor applies a step that another could not complete.
+COMMS_API bool agree_all(Comm& comm, bool ok, const AgreeOptions& options = {});
+
+// How many shrinks led to this comm (0 for one made by new_comm or split).
+COMMS_API uint64_t epoch(const Comm& comm);
+
+}  // namespace comms

@@ -1,0 +1,86 @@
+// comms/elastic.h for Python: revoke, agree_on_failures, shrink, recover,
+// agree_all. The blocking calls release the GIL.
+#include "bindings.h"
+#include "comms/elastic.h"
+
+namespace comms_py {
+
+namespace {
+
+using CommPtr = std::shared_ptr<comms::Comm>;
+
+comms::AgreeOptions agree_options(std::optional<Millis> timeout, std::optional<Millis> liveness_timeout) {
+  comms::AgreeOptions o;
+  o.timeout = timeout;
+  o.liveness_timeout = liveness_timeout;
+  return o;
+}
+
+py::dict agreement_dict(const comms::Agreement& a) {
+  py::dict d;
+  d["epoch"] = a.epoch;
+  d["lost"] = a.lost;
+  d["round"] = a.round;
+  return d;
+}
+
+comms::Agreement agreement_of(const py::dict& d) {
+  comms::Agreement a;
+  a.epoch = d["epoch"].cast<uint64_t>();
+  a.lost = d["lost"].cast<std::vector<int>>();
+  a.round = d["round"].cast<int>();
+  return a;
+}
+
+}  // namespace
+
+void bind_elastic(py::module_& m) {
+  m.def("revoke", [](comms::Comm& c, const std::string& reason) {
+    py::gil_scoped_release nogil;
+    comms::revoke(c, reason);
+  }, py::arg("comm"), py::arg("reason") = "revoke() called",
+  "Every rank's pending and later ops on the comm fail with code 'revoked'.");
+  m.def("is_revoked", &comms::is_revoked, py::arg("comm"));
+  m.def("epoch", &comms::epoch, py::arg("comm"));
+  m.def("agree_on_failures", [](comms::Comm& c, std::optional<Millis> timeout, std::optional<Millis> liveness) {
+    comms::Agreement a;
+    {
+      py::gil_scoped_release nogil;
+      a = comms::agree_on_failures(c, agree_options(timeout, liveness));
+    }
+    return agreement_dict(a);
+  }, py::arg("comm"), py::kw_only(), py::arg("timeout") = py::none(), py::arg("liveness_timeout") = py::none(),
+  "{'epoch', 'lost', 'round'}: the same on every survivor.");
+  m.def("shrink", [](comms::Comm& c, std::optional<std::vector<int>> exclude, std::optional<py::dict> agreement) {
+    if (exclude.has_value() == agreement.has_value()) {
+      throw py::value_error("shrink takes exclude=[ranks] (planned) or agreement=agree_on_failures(...)");
+    }
+    if (exclude) {
+      py::gil_scoped_release nogil;
+      return comms::shrink(c, *exclude);
+    }
+    const comms::Agreement a = agreement_of(*agreement);
+    py::gil_scoped_release nogil;
+    return comms::shrink(c, a);
+  }, py::arg("comm"), py::kw_only(), py::arg("exclude") = py::none(), py::arg("agreement") = py::none(),
+  "The survivors' comm; None on an excluded rank.");
+  m.def("recover", [](comms::Comm& c, std::optional<Millis> timeout, std::optional<Millis> liveness) {
+    comms::Recovery r;
+    {
+      py::gil_scoped_release nogil;
+      r = comms::recover(c, agree_options(timeout, liveness));
+    }
+    py::dict d = agreement_dict(r.agreement);
+    d["comm"] = r.comm;
+    d["took_ms"] = r.took.count();
+    return d;
+  }, py::arg("comm"), py::kw_only(), py::arg("timeout") = py::none(), py::arg("liveness_timeout") = py::none(),
+  "revoke + agree + shrink: {'comm', 'epoch', 'lost', 'round', 'took_ms'}.");
+  m.def("agree_all", [](comms::Comm& c, bool ok, std::optional<Millis> timeout) {
+    py::gil_scoped_release nogil;
+    return comms::agree_all(c, ok, agree_options(timeout, std::nullopt));
+  }, py::arg("comm"), py::arg("ok"), py::kw_only(), py::arg("timeout") = py::none(),
+  "Per-step commit vote: True on every rank iff every rank passed ok=True.");
+}
+
+}  // namespace comms_py

@@ -1,0 +1,197 @@
+// Runs under commsrun --keep-going for the elastic tests. Modes:
+//   revoked      rank 0 revokes the world; 300 ms later every other rank's
+//                next op fails with kRevoked (they learn it through the
+//                store, not from an op), the parent keeps failing so after
+//                recover(), and the recovered comm (nobody lost) sums
+//                correctly.
+//   cycles N     N rounds of: rank 0 revokes, all recover(), check a sum on
+//                the new comm, drop the old one; then N planned shrinks
+//                excluding the last rank. Prints the fds and threads of this
+//                process after the first round and after the last.
+//   double-early rank 1 dies inside an all_reduce; rank 2, once its op
+//                failed, dies before it joins the agreement.
+//   double-late  rank 1 dies inside an all_reduce; rank 2 joins the
+//                agreement, then dies before the shrink: a second round.
+// Survivors print "AGREED rank <r> epoch <e> lost [..] size <n> sum <s>".
+// ELASTIC_BACKEND picks the backend (default cpu:gloo).
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comms/comms.h"
+
+using namespace comms;
+
+namespace {
+
+// Entries of a /proc folder, once sockets closed by the last destroyed comm
+// had time to go.
+int count_entries(const char* dir) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (readdir(d)) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// The sum of (rank + 1) over the comm, which every rank checks.
+float checked_sum(Comm& comm) {
+  std::vector<float> v(1024, static_cast<float>(comm.rank() + 1));
+  comm.all_reduce(BufferView::of(v), ReduceOp::sum());
+  const float want = comm.size() * (comm.size() + 1) / 2.0f;
+  for (float x : v) {
+    if (x != want) {
+      std::fprintf(stderr, "rank %d: sum %g, want %g\n", comm.rank(), x, want);
+      std::exit(4);
+    }
+  }
+  return want;
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+void print_agreed(int world_rank, const Recovery& r) {
+  std::printf("AGREED rank %d epoch %llu lost [%s] size %d sum %g\n", world_rank,
+              static_cast<unsigned long long>(r.agreement.epoch), join(r.agreement.lost).c_str(), r.comm->size(),
+              checked_sum(*r.comm));
+  std::fflush(stdout);
+}
+
+std::shared_ptr<Comm> world_comm() {
+  const char* b = std::getenv("ELASTIC_BACKEND");
+  return new_comm(b ? b : "cpu:gloo", Device::cpu(), "world");
+}
+
+// Runs all_reduces until one fails; returns its error code.
+ErrorCode until_failure(Comm& comm) {
+  std::vector<float> v(1 << 14, 1.0f);
+  while (true) {
+    try {
+      comm.all_reduce(BufferView::of(v), ReduceOp::sum());
+    } catch (const Error& e) {
+      return e.code();
+    }
+  }
+}
+
+int revoked() {
+  auto comm = world_comm();
+  checked_sum(*comm);
+  if (!agree_all(*comm, true)) return 7;  // every rank is past its sum
+  if (comm->rank() == 0) revoke(*comm, "the test revokes it");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const ErrorCode first = until_failure(*comm);
+  std::vector<float> v(4, 1.0f);
+  ErrorCode later = ErrorCode::kOk;
+  try {
+    comm->all_reduce(BufferView::of(v), ReduceOp::sum());
+  } catch (const Error& e) {
+    later = e.code();
+  }
+  Recovery r = recover(*comm);
+  ErrorCode after = ErrorCode::kOk;
+  try {
+    comm->barrier();
+  } catch (const Error& e) {
+    after = e.code();
+  }
+  std::printf("REVOKED rank %d first %s later %s after_recover %s is_revoked %d\n", comm->rank(),
+              std::string(to_string(first)).c_str(), std::string(to_string(later)).c_str(),
+              std::string(to_string(after)).c_str(), is_revoked(*comm) ? 1 : 0);
+  print_agreed(comm->rank(), r);
+  return 0;
+}
+
+int cycles(int n) {
+  auto comm = world_comm();
+  const int world_rank = comm->rank();
+  int fds = 0, threads = 0;
+  for (int i = 0; i < n; ++i) {
+    if (comm->rank() == 0) revoke(*comm, "cycle");
+    // An op in flight when rank 0's abort closed its connections may fail
+    // with that (peer_failure) before the revocation arrives.
+    const ErrorCode failed = until_failure(*comm);
+    if (failed != ErrorCode::kRevoked && failed != ErrorCode::kPeerFailure) return 5;
+    Recovery r = recover(*comm);
+    if (!r.agreement.lost.empty()) return 6;
+    comm = r.comm;  // the old one is destroyed here
+    checked_sum(*comm);
+    // Every rank is past its sum before rank 0 revokes this comm.
+    if (!agree_all(*comm, true)) return 7;
+    if (i == 0) {
+      fds = count_entries("/proc/self/fd");
+      threads = count_entries("/proc/self/task");
+    }
+  }
+  std::printf("CYCLES rank %d recover fds %d -> %d threads %d -> %d\n", world_rank, fds,
+              count_entries("/proc/self/fd"), threads, count_entries("/proc/self/task"));
+  for (int i = 0; i < n; ++i) {
+    {
+      const int last[] = {comm->size() - 1};
+      auto smaller = shrink(*comm, last);
+      if (smaller) checked_sum(*smaller);
+    }
+    comm->barrier();  // the parent stays usable after a planned shrink
+    if (i == 0) {
+      fds = count_entries("/proc/self/fd");
+      threads = count_entries("/proc/self/task");
+    }
+  }
+  std::printf("CYCLES rank %d planned fds %d -> %d threads %d -> %d\n", world_rank, fds,
+              count_entries("/proc/self/fd"), threads, count_entries("/proc/self/task"));
+  std::fflush(stdout);
+  return 0;
+}
+
+int double_kill(bool late) {
+  auto comm = world_comm();
+  checked_sum(*comm);
+  const int rank = comm->rank();
+  if (rank == 1) {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      kill(getpid(), SIGKILL);
+    }).detach();
+  }
+  until_failure(*comm);
+  if (rank == 2 && !late) kill(getpid(), SIGKILL);
+  if (rank == 2) {
+    revoke(*comm, "rank 2 saw the failure");
+    const Agreement a = agree_on_failures(*comm);
+    std::printf("rank 2 joined round %d (lost [%s]) and dies\n", a.round, join(a.lost).c_str());
+    std::fflush(stdout);
+    kill(getpid(), SIGKILL);
+  }
+  print_agreed(rank, recover(*comm));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  signal(SIGTERM, SIG_IGN);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "revoked") return revoked();
+    if (mode == "cycles") return cycles(argc > 2 ? std::atoi(argv[2]) : 20);
+    if (mode == "double-early") return double_kill(false);
+    if (mode == "double-late") return double_kill(true);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "elastic_helper: %s: %s\n", std::string(to_string(e.code())).c_str(), e.what());
+    return 3;
+  }
+  std::fprintf(stderr, "elastic_helper: unknown mode '%s'\n", mode.c_str());
+  return 2;
+}
