@@ -19,7 +19,8 @@ def test_a_gloo_run_records_each_test_with_its_outcome(tmp_path):
     out = tmp_path / "gloo.json"
     # One test that passes, one that skips at the parent (torch's nccl-only test) and
     # one that skips in the ranks (CUDA).
-    p = driver("run", "--backend", "gloo", "--json", str(out), "-k", "test_get_rank_size_group",
+    # Forked ranks: a spawned rank imports torch afresh, tens of seconds per test on two loaded cores.
+    p = driver("run", "--backend", "gloo", "--start-method", "fork", "--json", str(out), "-k", "test_get_rank_size_group",
                "-k", "test_send_recv_nccl_autograd_profiler", "-k", "test_all_reduce_sum_cuda_async")
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
