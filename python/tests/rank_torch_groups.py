@@ -147,6 +147,21 @@ def bad_input_raises_before_sending(rank, size):
     expect(summed([rank + 1]), [size * (size + 1) / 2], "a good op after the bad input")
 
 
+@check
+def registration_is_refused_where_the_backend_cannot(rank, size):
+    expect(comms.torch.can_register_tensors("cpu"), False, "gloo's capability")
+    t = torch.ones(4)
+    try:
+        comms.torch.register_tensor(t)
+    except comms.Error as e:
+        expect(e.code, "unsupported", "register_tensor's error code")
+        if "cannot register" not in str(e):
+            raise AssertionError("register_tensor's error does not say why: %s" % e)
+    else:
+        raise AssertionError("register_tensor on gloo did not raise")
+    expect(summed([1]), [size], "all_reduce after the refused registration")
+
+
 def main():
     torch_rank.run(CHECKS)
 

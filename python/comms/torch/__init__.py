@@ -265,10 +265,7 @@ def _finalizing(destroy):
 
 def describe(group=None):
     """The effective configuration of a group's comm, as JSON (comms' describe())."""
-    backend = _backend_of(group if group is not None else _c10d._get_default_group())
-    if backend is None:
-        raise ValueError("comms.torch.describe: the group does not use backend 'comms'")
-    return backend.describe()
+    return _comms_backend(group, "describe").describe()
 
 
 def _live_groups():
@@ -286,6 +283,29 @@ def offload_groups(device_types=("cuda",)):
 def reload_groups(device_types=("cuda",)):
     """Recreates what offload_groups released, with the same options. Collective."""
     return sum(1 for b in _live_groups() for t in device_types if b.reload(t))
+
+
+def can_register_tensors(device_type="cuda", group=None):
+    """Whether the group's comm backend for `device_type` can register memory
+    (NCCL can; Gloo and UCX cannot)."""
+    return _comms_backend(group, "can_register_tensors").can_register(device_type)
+
+
+def register_tensor(tensor, group=None):
+    """Registers `tensor`'s memory with the group's comm backend for its
+    device (NCCL: ncclCommRegister), so ops on it take the zero-copy paths.
+    Returns a handle (deregister(), or a with-block); the group's destroy,
+    offload and reload release it. Raises comms.Error(code='unsupported')
+    where the backend cannot register. torch has no such call on its own
+    process groups, so this is comms.torch's."""
+    return _comms_backend(group, "register_tensor").register_tensor(tensor)
+
+
+def _comms_backend(group, call):
+    backend = _backend_of(group if group is not None else _c10d._get_default_group())
+    if backend is None:
+        raise ValueError("comms.torch.%s: the group does not use backend 'comms'" % call)
+    return backend
 
 
 def _register():
@@ -306,4 +326,5 @@ _c10d._new_process_group_helper = _split_for_nonmembers(_c10d._new_process_group
 _c10d.destroy_process_group = _finalizing(_c10d.destroy_process_group)
 _dist.destroy_process_group = _c10d.destroy_process_group
 
-__all__ = ["Options", "ProcessGroupComms", "describe", "offload_groups", "reload_groups"]
+__all__ = ["Options", "ProcessGroupComms", "can_register_tensors", "describe", "offload_groups", "register_tensor",
+           "reload_groups"]

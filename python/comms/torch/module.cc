@@ -6,7 +6,9 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "comms/registration.h"
 #include "process_group.h"
+#include "tensors.h"
 
 namespace py = pybind11;
 using comms_torch::GroupConfig;
@@ -44,6 +46,13 @@ comms::Comm& comm_of(ProcessGroupComms& pg) {
   return *pg.comm();
 }
 
+// A tensor registered with a group's device backend; holds the tensor so its
+// memory outlives the registration.
+struct RegisteredTensor {
+  comms::RegisteredBuffer registration;
+  at::Tensor tensor;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -70,7 +79,24 @@ PYBIND11_MODULE(_C, m) {
            [](ProcessGroupComms& pg, const std::string& type) {
              return std::string(comms::to_string(comm_of(pg).backend_state(comms::parse_device_type(type))));
            })
-      .def("finalize", &ProcessGroupComms::finalize, py::call_guard<py::gil_scoped_release>());
+      .def("finalize", &ProcessGroupComms::finalize, py::call_guard<py::gil_scoped_release>())
+      .def("can_register",
+           [](ProcessGroupComms& pg, const std::string& type) {
+             return comms::can_register_buffers(comm_of(pg), comms::parse_device_type(type));
+           })
+      .def("register_tensor", [](ProcessGroupComms& pg, const at::Tensor& tensor) {
+        const auto view = comms_torch::view_of(tensor, comms_torch::Use::kMove, "register_tensor", "tensor");
+        py::gil_scoped_release release;
+        return std::make_shared<RegisteredTensor>(RegisteredTensor{comms::register_buffer(comm_of(pg), view), tensor});
+      });
+
+  py::class_<RegisteredTensor, std::shared_ptr<RegisteredTensor>>(
+      m, "RegisteredTensor", "A tensor registered with a group's device backend (comms/registration.h).")
+      .def("deregister", [](RegisteredTensor& r) { r.registration.deregister(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("registered", [](const RegisteredTensor& r) { return r.registration.registered(); })
+      .def("__enter__", [](const std::shared_ptr<RegisteredTensor>& r) { return r; })
+      .def("__exit__", [](RegisteredTensor& r, py::args) { r.registration.deregister(); });
 
   m.def(
       "create",
