@@ -1,6 +1,7 @@
 #include "util/strutil.h"
 #include "comms/bootstrap.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -9,6 +10,7 @@
 #include "comms/store.h"
 #include "config/env.h"
 #include "util/log.h"
+#include "bootstrap/local_placement.h"
 #include "bootstrap/slurm.h"
 
 namespace comms {
@@ -80,6 +82,31 @@ BootstrapInfo bootstrap_from_environment() {
   }
   return {};
 }
+
+namespace internal {
+
+LocalPlacement local_placement_from_environment(int rank, int size) {
+  for (const auto& f : kFamilies) {
+    auto local_rank = env::get(f.local_rank);
+    if (!local_rank) continue;
+    auto local_size = env::get(f.local_size);
+    LocalPlacement p;
+    try {
+      p.local_rank = read_int(f.local_rank, *local_rank, 0);
+      p.local_size = local_size ? read_int(f.local_size, *local_size, 1) : std::max(size, p.local_rank + 1);
+    } catch (const Error& e) {
+      log::info(str::cat("rank and world size given: ignoring ", e.what()));
+      break;
+    }
+    if (p.local_rank < p.local_size) return p;
+    log::info(str::cat("rank and world size given: ignoring ", f.local_rank, "=", p.local_rank, ", not below ",
+                       f.local_size, "=", p.local_size));
+    break;
+  }
+  return {rank, size};
+}
+
+}  // namespace internal
 
 namespace {
 

@@ -1,6 +1,7 @@
 // comms::new_comm: the comm's config from its arguments, the launcher's
 // environment and the COMMS_* variables, then its backends.
 #include "comm/comm_impl.h"
+#include "bootstrap/local_placement.h"
 #include "comms/store.h"
 #include "config/env.h"
 #include "util/log.h"
@@ -57,22 +58,28 @@ std::shared_ptr<Comm> create_comm(const std::string& backend, std::optional<Devi
                 str::cat("new_comm '", name, "': set both rank and world_size, or neither"));
   }
   log::level_from_environment();  // a malformed COMMS_LOG_LEVEL is an error here
-  const BootstrapInfo boot = bootstrap_from_environment();
   Comm::Impl::Config c;
   c.name = name;
-  c.rank = options.rank.value_or(boot.rank);
-  c.size = options.world_size.value_or(boot.world_size);
+  if (options.rank) {
+    // The caller's rank and size: the launcher's variables only place this process on its host.
+    c.rank = *options.rank;
+    c.size = *options.world_size;
+  } else {
+    const BootstrapInfo boot = bootstrap_from_environment();
+    c.rank = boot.rank;
+    c.size = boot.world_size;
+    c.local_rank = boot.local_rank;
+    c.local_size = boot.local_world_size;
+  }
   *rank = c.rank;
   if (c.size < 1 || c.rank < 0 || c.rank >= c.size) {
     throw Error(ErrorCode::kInvalidArgument,
                 str::cat("new_comm '", name, "': rank ", c.rank, " is not in [0, ", c.size, ")"));
   }
-  if (options.rank && boot.source == "default") {
-    c.local_rank = c.rank;  // no launcher: assume one host
-    c.local_size = c.size;
-  } else {
-    c.local_rank = boot.local_rank;
-    c.local_size = boot.local_world_size;
+  if (options.rank) {
+    const auto placement = internal::local_placement_from_environment(c.rank, c.size);
+    c.local_rank = placement.local_rank;
+    c.local_size = placement.local_size;
   }
   if (!backend.empty()) {
     c.spec = BackendSpec::parse(backend);

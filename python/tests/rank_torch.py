@@ -140,6 +140,19 @@ def all_gather_list_every_dtype(rank, size):
 
 
 @check
+def all_gather_coalesced_every_dtype(rank, size):
+    shapes = [(2, 3), (1,), (4,)]  # different sizes: each lands in its own place
+    for dtype in FLOATS + INTS + [torch.bool, torch.int16, torch.complex64]:
+        ins = [source(rank, int(np.prod(s)), dtype, salt=i).reshape(s) for i, s in enumerate(shapes)]
+        outs = [[torch.zeros(s, dtype=dtype) for s in shapes] for _ in range(size)]
+        dist.all_gather_coalesced(outs, ins)
+        for r in range(size):
+            for i, s in enumerate(shapes):
+                expected = ref(source(r, int(np.prod(s)), dtype, salt=i).reshape(s))
+                expect_tensor(outs[r][i], expected, "all_gather_coalesced [%d][%d]" % (r, i))
+
+
+@check
 def all_gather_into_tensor(rank, size):
     for dtype in (torch.float32, torch.int64, torch.float16):
         out = torch.zeros(size * 4, dtype=dtype)

@@ -222,5 +222,51 @@ TEST(EnvironmentValidation, HintsStrictFalseMakesAnUnknownHintAWarning) {
   unsetenv("COMMS_HINTS_STRICT");
 }
 
+// torch's test harness sets WORLD_SIZE and passes each rank by hand: the
+// caller's rank and size stand, the launcher's pair is neither needed nor
+// checked, and a consistent LOCAL_RANK/LOCAL_WORLD_SIZE still places the process.
+TEST(EnvironmentValidation, AGivenRankAndSizeNeedNoLauncherPairAndKeepAConsistentLocalRank) {
+  CommOptions given;
+  given.rank = 0;
+  given.world_size = 1;
+  struct Case {
+    std::map<std::string, std::string> env;
+    int local_rank, local_size;
+  };
+  const Case cases[] = {
+      {{{"WORLD_SIZE", "4"}}, 0, 1},                            // no RANK: not required
+      {{{"RANK", "3"}}, 0, 1},                                  // no WORLD_SIZE
+      {{{"RANK", "7"}, {"WORLD_SIZE", "2"}}, 0, 1},             // a pair that does not hold
+      {{{"RANK", "x"}, {"WORLD_SIZE", "4"}}, 0, 1},             // nor parses
+      {{{"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "4"}}, 2, 4},
+      {{{"COMMS_LOCAL_RANK", "1"}, {"COMMS_LOCAL_WORLD_SIZE", "2"}, {"LOCAL_RANK", "3"}}, 1, 2},  // first family
+      {{{"LOCAL_RANK", "3"}}, 3, 4},                             // no local size: at least local rank + 1
+      {{{"LOCAL_RANK", "5"}, {"LOCAL_WORLD_SIZE", "2"}}, 0, 1},  // inconsistent: one host
+      {{{"LOCAL_RANK", "-1"}}, 0, 1},
+  };
+  for (const auto& c : cases) {
+    std::string label;
+    for (const auto& [k, v] : c.env) {
+      setenv(k.c_str(), v.c_str(), 1);
+      label += k + "=" + v + " ";
+    }
+    try {
+      const auto comm = new_comm("cpu:gloo", std::nullopt, "given-rank", given);
+      EXPECT_EQ(comm->rank(), 0) << label;
+      EXPECT_EQ(comm->size(), 1) << label;
+      EXPECT_EQ(comm->local_rank(), c.local_rank) << label;
+      EXPECT_EQ(comm->local_size(), c.local_size) << label;
+      comm->finalize();
+    } catch (const Error& e) {
+      ADD_FAILURE() << label << ": " << e.what();
+    }
+    for (const auto& [k, v] : c.env) unsetenv(k.c_str());
+  }
+  // Without a given rank the launcher's pair is still required.
+  setenv("WORLD_SIZE", "4", 1);
+  EXPECT_THROW(new_comm("cpu:gloo", std::nullopt, "env-rank", CommOptions{}), Error);
+  unsetenv("WORLD_SIZE");
+}
+
 }  // namespace
 }  // namespace comms

@@ -228,6 +228,53 @@ WorkPtr ProcessGroupComms::_allgather_base(at::Tensor& output, at::Tensor& input
   return track(std::move(w), std::move(keep), {output}, c10d::OpType::_ALLGATHER_BASE);
 }
 
+WorkPtr ProcessGroupComms::allgather_coalesced(std::vector<Tensors>& outputs, Tensors& inputs,
+                                               const c10d::AllgatherOptions& opts) {
+  const char* call = "all_gather_coalesced";
+  auto& c = live(call);
+  if (inputs.empty()) fail(call, "input_tensor_list is empty");
+  if (outputs.size() != static_cast<size_t>(getSize())) {
+    fail(call, "output_tensor_lists holds " + std::to_string(outputs.size()) + " lists; it needs one per rank (" +
+                   std::to_string(getSize()) + ")");
+  }
+  int64_t numel = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string role = "input_tensor_list[" + std::to_string(i) + "]";
+    check_same(inputs[i], inputs[0], call, role.c_str(), inputs[i].numel());
+    view_of(inputs[i], Use::kMove, call, role.c_str());
+    numel += inputs[i].numel();
+  }
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    if (outputs[r].size() != inputs.size()) {
+      fail(call, "output_tensor_lists[" + std::to_string(r) + "] holds " + std::to_string(outputs[r].size()) +
+                     " tensors; it needs one per input (" + std::to_string(inputs.size()) + ")");
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::string role = "output_tensor_lists[" + std::to_string(r) + "][" + std::to_string(i) + "]";
+      check_same(outputs[r][i], inputs[i], call, role.c_str(), inputs[i].numel());
+      view_of(outputs[r][i], Use::kMove, call, role.c_str());
+    }
+  }
+  // One all_gather of the inputs end to end; rank r's block lands in outputs[r].
+  at::Tensor in_flat = at::cat(c10::fmap(inputs, [](const at::Tensor& t) { return t.reshape(-1); }));
+  at::Tensor out_flat = at::empty({numel * getSize()}, inputs[0].options());
+  Tensors keep{in_flat, out_flat};
+  const auto vin = view_of(in_flat, Use::kMove, call, "input_tensor_list");
+  const auto vout = view_of(out_flat, Use::kMove, call, "output_tensor_lists");
+  auto w = issue([&] { return c.all_gather(vin, vout, op_options(opts.timeout, keep)); });
+  Tensors outs;
+  for (const auto& list : outputs) outs.insert(outs.end(), list.begin(), list.end());
+  auto work = track(std::move(w), keep, outs, c10d::OpType::ALLGATHER_COALESCED);
+  static_cast<CommsWork*>(work.get())->set_finish([out_flat, outs]() mutable {
+    int64_t offset = 0;
+    for (auto& o : outs) {
+      o.view(-1).copy_(out_flat.narrow(0, offset, o.numel()));
+      offset += o.numel();
+    }
+  });
+  return work;
+}
+
 WorkPtr ProcessGroupComms::gather(std::vector<Tensors>& outputs, Tensors& inputs, const c10d::GatherOptions& opts) {
   const char* call = "gather";
   auto& c = live(call);

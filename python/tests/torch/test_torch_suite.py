@@ -69,10 +69,24 @@ def test_compare_lists_every_baseline_pass_that_does_not_pass_with_its_reason(tm
     assert "RuntimeError: comms: all_reduce timed out" in p.stdout
     assert "not run on comms" in p.stdout  # test_d
     assert "pass on comms but not on gloo (1): test_f" in p.stdout
-    # Only skips left: listed, and the comparison holds.
+    # A skip is not a pass: it fails the comparison unless the allow-list
+    # names it, with a reason.
     cand.write_text(json.dumps(document("comms", {
         "test_a": ("pass", ""), "test_b": ("skip", "Only gloo backend supports timeouts"),
         "test_c": ("pass", ""), "test_d": ("pass", "")})))
     p = driver("compare", str(base), str(cand))
+    assert p.returncode == 1, p.stdout
+    assert "not passing and not allowed on comms (1)" in p.stdout
+    allow = tmp_path / "allow.txt"
+    allow.write_text("test_b  # torch checks BACKEND == 'gloo'\n")
+    p = driver("compare", "--allow", str(allow), str(base), str(cand))
     assert p.returncode == 0, p.stdout
     assert "3 of the 4 tests that pass on gloo pass on comms" in p.stdout
+    assert "allowed not to pass on comms (1)" in p.stdout and "test_b" in p.stdout
+    # A listed test that passes makes the list stale; a listed name without a reason is refused.
+    allow.write_text("test_b  # gloo only\ntest_c  # was broken\n")
+    p = driver("compare", "--allow", str(allow), str(base), str(cand))
+    assert p.returncode == 1 and "pass on comms (remove them from" in p.stdout and "test_c" in p.stdout, p.stdout
+    allow.write_text("test_b\n")
+    p = driver("compare", "--allow", str(allow), str(base), str(cand))
+    assert p.returncode != 0 and "test_b has no reason" in p.stderr, p.stdout + p.stderr

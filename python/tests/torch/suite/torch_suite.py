@@ -7,8 +7,8 @@ two such runs.
 usage:
   torch_suite.py run --backend gloo|comms [--world-size 4] [--json OUT] [--log LOG]
                      [--build BUILD] [--tests FILE] [-k SUBSTRING]... [--start-method spawn|fork]
-                     [--test-timeout S] [--compare BASELINE.json] [--skip-unbuilt]
-  torch_suite.py compare BASELINE.json CANDIDATE.json
+                     [--test-timeout S] [--compare BASELINE.json [--allow FILE]] [--skip-unbuilt]
+  torch_suite.py compare [--allow FILE] BASELINE.json CANDIDATE.json
 
 run: OUT gets {"backend", "world_size", "torch", "summary", "tests": [{"name",
 "outcome" (pass, fail, error, skip), "reason", "seconds", "detail"}]},
@@ -16,16 +16,19 @@ rewritten after every test; the ranks' output goes to LOG (default OUT with
 .log). --tests FILE runs the names listed there (one per line, # comments);
 -k keeps the names containing a substring. --test-timeout caps torch's own
 limit per test (300 s, 500 s for DDP). --compare ends the run with the
-comparison below against BASELINE (and its exit status). BACKEND=comms imports comms.torch
-from BUILD/python (default ./build): when it is not built the run stops with
-"comms.torch not built" (exit 2; with --skip-unbuilt, exit 0 after the line
-"0 passed, 0 failed, 1 skipped", a skip for scripts/run_tests.py). Exit 0 when no test failed or errored.
+comparison below against BASELINE (its exit status, and as counts the
+tests that pass on BASELINE: passed, failed (not allowed), skipped
+(allowed)). BACKEND=comms imports comms.torch from BUILD/python (default
+./build): when it is not built there the run stops with "comms.torch not
+built" (exit 2; with --skip-unbuilt, exit 0 after the line "0 passed, 0
+failed, 1 skipped", a skip for scripts/run_tests.py). Without --compare,
+exit 0 when no test failed or errored.
 
 compare: lists every test that passes on BASELINE and not on CANDIDATE, with
 the candidate's outcome and reason (of the tests CANDIDATE ran, when it ran
-a selection). Exit 1 when one of them failed, errored
-or is missing; skips (torch's gloo-only tests, features a backend lacks) are
-listed with their reason and do not fail the comparison.
+a selection). Exit 1 when one of them is not in the allow-list FILE (lines
+"test_name  # reason"; a reason is required), whatever its outcome (skip,
+fail, error, missing), or when a listed test passes (the list is stale).
 """
 import argparse
 import contextlib
@@ -61,9 +64,11 @@ def parse_args(argv):
                      help="how the ranks start: spawn (as torch runs the suite) or fork (faster)")
     run.add_argument("--test-timeout", type=float, help="cap on torch's time limit per test, in seconds")
     run.add_argument("--compare", metavar="BASELINE", help="then compare with this run's results")
+    run.add_argument("--allow", metavar="FILE", help="the compare's allow-list")
     run.add_argument("--skip-unbuilt", action="store_true",
                      help="a skip (exit 0) instead of an error (exit 2) when comms.torch is not built")
     compare = sub.add_parser("compare")
+    compare.add_argument("--allow", metavar="FILE", help="tests allowed not to pass, each with its reason")
     compare.add_argument("baseline")
     compare.add_argument("candidate")
     return parser.parse_args(argv)
@@ -181,13 +186,19 @@ def prepare_environment(args):
 
 def run(args):
     prepare_environment(args)
-    try:
-        import suite_cases
-    except ImportError as e:
-        if type(e).__name__ != "CommsTorchNotBuilt":
-            raise
+    # comms.torch of BUILD, not one found elsewhere on the path (PYTHONPATH).
+    package = os.path.join(os.path.abspath(args.build), "python", "comms", "torch", "__init__.py")
+    missing = "comms.torch not built (no %s)" % package if args.backend == "comms" and not os.path.exists(package) else ""
+    if not missing:
+        try:
+            import suite_cases
+        except ImportError as e:
+            if type(e).__name__ != "CommsTorchNotBuilt":
+                raise
+            missing = str(e)
+    if missing:
         print("torch_suite: %s: build it (tools/dev build with torch installed), or point --build at a build "
-              "that has BUILD/python/comms/torch" % e, file=sys.stderr)
+              "that has BUILD/python/comms/torch" % missing, file=sys.stderr)
         if args.skip_unbuilt:
             print("0 passed, 0 failed, 1 skipped")
             return 0
@@ -232,42 +243,65 @@ def run(args):
     print("torch_suite: %s at world size %d: %d passed, %d failed, %d errors, %d skipped of %d in %.0f s"
           % (args.backend, args.world_size, s["pass"], s["fail"], s["error"], s["skip"], s["total"],
              document["seconds"]))
-    # The line scripts/run_tests.py counts.
-    print("%d passed, %d failed, %d skipped" % (s["pass"], s["fail"] + s["error"], s["skip"]))
     if args.compare:
         print()
-        return compare_files(args.compare, out)
+        return compare_files(args.compare, out, args.allow, counts_line=True)
+    # The line scripts/run_tests.py counts.
+    print("%d passed, %d failed, %d skipped" % (s["pass"], s["fail"] + s["error"], s["skip"]))
     return 0 if s["fail"] + s["error"] == 0 else 1
 
 
-def compare_files(baseline_path, candidate_path):
+def read_allow_list(path):
+    """{test name: reason} from lines "name  # reason"."""
+    allowed = {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            name, _, reason = line.partition("#")
+            name, reason = name.strip(), reason.strip()
+            if not name:
+                continue
+            if not reason:
+                raise SystemExit("torch_suite: %s:%d: %s has no reason" % (path, number, name))
+            allowed[name] = reason
+    return allowed
+
+
+def compare_files(baseline_path, candidate_path, allow_path=None, counts_line=False):
     with open(baseline_path) as f:
         baseline = json.load(f)
     with open(candidate_path) as f:
         candidate = json.load(f)
+    allowed = read_allow_list(allow_path) if allow_path else {}
     theirs = {r["name"]: r for r in candidate["tests"]}
     passing = [r["name"] for r in baseline["tests"] if r["outcome"] == "pass"]
     if candidate.get("selection"):  # -k or --tests: what it ran, not what it left out
         passing = [name for name in passing if name in theirs]
-    broken, skipped = [], []
+    broken, excused = [], []
     for name in passing:
         r = theirs.get(name, {"outcome": "missing", "reason": "not run on %s" % candidate["backend"]})
         if r["outcome"] == "pass":
             continue
-        (skipped if r["outcome"] == "skip" else broken).append((name, r["outcome"], r["reason"]))
+        (excused if name in allowed else broken).append((name, r["outcome"], r["reason"]))
+    stale = [name for name in allowed if name_outcome(candidate, name) == "pass"]
     gained = [r["name"] for r in candidate["tests"]
               if r["outcome"] == "pass" and name_outcome(baseline, r["name"]) != "pass"]
-    print("%d of the %d tests that pass on %s pass on %s" % (len(passing) - len(broken) - len(skipped), len(passing),
+    print("%d of the %d tests that pass on %s pass on %s" % (len(passing) - len(broken) - len(excused), len(passing),
                                                          baseline["backend"], candidate["backend"]))
-    for title, rows in (("failed, errored or missing", broken), ("skipped", skipped)):
+    for title, rows in (("not passing and not allowed", broken), ("allowed not to pass", excused)):
         if rows:
             print("\n%s on %s (%d):" % (title, candidate["backend"], len(rows)))
             for name, outcome, reason in rows:
                 print("  %-60s %-7s %s" % (name, outcome, reason))
+    if stale:
+        print("\nallowed not to pass, but pass on %s (remove them from %s): %s"
+              % (candidate["backend"], allow_path, ", ".join(stale)))
     if gained:
         print("\npass on %s but not on %s (%d): %s" % (candidate["backend"], baseline["backend"], len(gained),
                                                        ", ".join(gained)))
-    return 1 if broken else 0
+    if counts_line:  # what scripts/run_tests.py counts: the baseline's passing tests
+        print("%d passed, %d failed, %d skipped" % (len(passing) - len(broken) - len(excused),
+                                                    len(broken) + len(stale), len(excused)))
+    return 1 if broken or stale else 0
 
 
 def name_outcome(document, name):
@@ -277,7 +311,7 @@ def name_outcome(document, name):
 def main(argv):
     args = parse_args(argv)
     if args.command == "compare":
-        return compare_files(args.baseline, args.candidate)
+        return compare_files(args.baseline, args.candidate, args.allow)
     # Stopped, the driver takes the ranks of the running test with it.
     signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))
     try:
