@@ -170,7 +170,8 @@ def gradient_group(args, world):
 
 
 def train(args):
-    world = dist.init_process_group(device="cpu")  # binds eagerly: a missing peer shows up here
+    # device="cpu" binds eagerly: a missing peer shows up here.
+    world = dist.init_process_group(device="cpu", elastic=True if args.elastic else None)
     if args.elastic:
         if world.rank == 0:
             print("trainer: %d ranks (elastic data parallel), backend %s, model %s, global batch %d"

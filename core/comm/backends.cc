@@ -20,7 +20,7 @@ Comm::Impl::Impl(Config config)
       recorder_(trace::register_comm(
           {config_.name, config_.rank, config_.size, config_.rendezvous_ns, config_.store})) {
   internal::track_live_comm(this);
-  if (config_.store && config_.size > 1) {
+  if (config_.elastic && config_.store && config_.size > 1) {
     internal::watch_comm(this, config_.store, config_.rendezvous_ns, config_.rank);
   }
 }

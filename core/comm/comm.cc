@@ -24,6 +24,7 @@ std::chrono::milliseconds Comm::init_timeout() const { return impl_->config().in
 std::chrono::milliseconds Comm::op_timeout() const { return impl_->op_timeout(); }
 Hints Comm::hints() const { return impl_->hints(); }
 bool Comm::abort_process_on_error() const { return impl_->config().abort_process_on_error; }
+bool Comm::elastic() const { return impl_->config().elastic; }
 BackendState Comm::backend_state(DeviceType t) const { return impl_->state(t); }
 bool Comm::is_failed() const { return impl_->is_failed(); }
 

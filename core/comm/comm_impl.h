@@ -99,6 +99,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     std::chrono::milliseconds op_timeout{0};
     Hints hints;  // as given (validated)
     bool abort_process_on_error = false;
+    bool elastic = false;  // watched for elastic recovery (elastic_watch.h)
     std::shared_ptr<Store> store;  // the job's root store
     std::string store_local_address;  // how this process reaches the store
     uint64_t epoch = 0;  // how many shrinks led to this comm (elastic recovery)

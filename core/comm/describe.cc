@@ -26,6 +26,7 @@ std::string Comm::Impl::describe() const {
     for (const auto& [k, v] : config_.hints) j["hints"][k] = v;
   }
   j["abort_process_on_error"] = config_.abort_process_on_error;
+  j["elastic"] = config_.elastic;
   json backends = json::object();
   std::lock_guard<std::mutex> lock(state_mu_);
   for (int i = 0; i < kNumDeviceTypes; ++i) {

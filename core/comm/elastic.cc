@@ -155,6 +155,20 @@ void need_store(const Comm::Impl& impl, const char* op) {
   }
 }
 
+// Agreements tell a dead rank from a slow one by the heartbeats, and a
+// revocation reaches the other ranks through their watchers: both exist only
+// for elastic comms (a planned shrink needs neither).
+void need_elastic(const Comm::Impl& impl, const char* op) {
+  need_store(impl, op);
+  if (!impl.config().elastic && impl.config().size > 1) {
+    throw elastic_error(impl, ErrorCode::kInvalidArgument,
+                        str::cat(op, ": the comm is not elastic, so its ranks neither heartbeat nor watch for "
+                                     "revocations; create it with CommOptions::elastic = true or COMMS_ELASTIC=1 "
+                                     "(commsrun --keep-going sets it)"),
+                        op);
+  }
+}
+
 }  // namespace
 
 void Comm::Impl::revoke_local(const std::string& reason) {
@@ -176,6 +190,7 @@ void Comm::Impl::revoke_local(const std::string& reason) {
 
 void revoke(Comm& comm, const std::string& reason) {
   Comm::Impl& impl = impl_of(comm);
+  if (impl.config().size > 1 && !impl.config().elastic) need_elastic(impl, "revoke");
   const bool first = !impl.is_revoked();
   impl.revoke_local(reason);
   if (first && impl.config().store && impl.config().size > 1) {
@@ -190,7 +205,7 @@ uint64_t epoch(const Comm& comm) { return impl_of(comm).config().epoch; }
 
 Agreement agree_on_failures(Comm& comm, const AgreeOptions& options) {
   Comm::Impl& impl = impl_of(comm);
-  need_store(impl, "agree");
+  need_elastic(impl, "agree");
   Store& store = *impl.config().store;
   const int rank = impl.config().rank, size = impl.config().size;
   const int round = impl.elastic().round;
@@ -224,7 +239,7 @@ Agreement agree_on_failures(Comm& comm, const AgreeOptions& options) {
 
 std::shared_ptr<Comm> shrink(Comm& comm, const Agreement& agreement) {
   Comm::Impl& impl = impl_of(comm);
-  need_store(impl, "shrink");
+  need_elastic(impl, "shrink");
   Store& store = *impl.config().store;
   std::vector<int> members;
   for (int r = 0; r < impl.config().size; ++r) {
@@ -314,7 +329,7 @@ Recovery recover(Comm& comm, const AgreeOptions& options) {
 
 bool agree_all(Comm& comm, bool ok, const AgreeOptions& options) {
   Comm::Impl& impl = impl_of(comm);
-  need_store(impl, "agree_all");
+  need_elastic(impl, "agree_all");
   Store& store = *impl.config().store;
   const int size = impl.config().size;
   const std::string dir = str::cat(impl.config().rendezvous_ns, "/elastic/vote/", ++impl.elastic().votes);

@@ -107,6 +107,7 @@ std::shared_ptr<Comm> create_comm(const std::string& backend, std::optional<Devi
   env::get_duration("COMMS_ELASTIC_LIVENESS_TIMEOUT");
   c.hints = options.hints;
   c.abort_process_on_error = options.abort_process_on_error;
+  c.elastic = options.elastic ? *options.elastic : env::get_bool("COMMS_ELASTIC", false);
   c.store = options.store ? options.store : default_store(c.rank, c.size, c.init_timeout);
   c.store_local_address = tcp_store_local_address(*c.store);
   const std::string ns_base = str::cat("comms/", name);

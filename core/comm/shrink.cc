@@ -51,6 +51,7 @@ Comm::Impl::Config Comm::Impl::shrunk_config(const std::vector<int>& members, in
   c.op_timeout = op_timeout();
   c.hints = hints();
   c.abort_process_on_error = config_.abort_process_on_error;
+  c.elastic = config_.elastic;
   c.store = config_.store;
   c.store_local_address = config_.store_local_address;
   c.epoch = epoch;

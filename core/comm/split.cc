@@ -92,6 +92,7 @@ Comm::Impl::Config Comm::Impl::child_config(const std::vector<int>& members, int
   child.hints = config_.hints;
   for (const auto& [k, v] : opts.hints) child.hints[k] = v;
   child.abort_process_on_error = opts.abort_process_on_error.value_or(config_.abort_process_on_error);
+  child.elastic = config_.elastic;
   child.store = config_.store;
   child.store_local_address = config_.store_local_address;
   return child;

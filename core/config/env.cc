@@ -17,6 +17,7 @@ constexpr Variable kVariables[] = {
     {"COMMS_ROUTE", "direct", "How comms::dist creates groups: direct (each group bootstraps its own communicators from the store) or split (groups are carved from the bound world with Comm::split). Any other value is an error at init_process_group."},
     {"COMMS_INIT_TIMEOUT", "5m", "Timeout of communicator initialisation and rendezvous (250ms, 30s, 5m, or plain seconds). CommOptions::init_timeout wins over it."},
     {"COMMS_OP_TIMEOUT", "10m", "Timeout of each operation. CommOptions::op_timeout and OpOptions::timeout win over it."},
+    {"COMMS_ELASTIC", "0", "Boolean. 1: comms are elastic unless CommOptions::elastic says otherwise: each rank heartbeats and looks for revocations in the store about every 100 ms, which recover()/agree_on_failures()/revoke() need. commsrun --keep-going sets it for its ranks."},
     {"COMMS_ELASTIC_LIVENESS_TIMEOUT", "1s", "Elastic recovery: a rank whose store heartbeat (written about every 100 ms) has not moved for this long is lost to an agreement at once. AgreeOptions::liveness_timeout wins over it."},
     {"COMMS_STORE", "", "Rendezvous store: file:///shared/dir or tcp://host:port. Unset: MASTER_ADDR/MASTER_PORT, or an in-process store for a single process."},
     {"COMMS_LAUNCHER_STORE", "0", "Boolean. 1: a launcher hosts the TCP store at MASTER_ADDR:MASTER_PORT. 0: rank 0 hosts it. (commsrun announces its store in COMMS_STORE instead.)"},

@@ -175,6 +175,7 @@ Group init_process_group(const InitOptions& options) {
   co.store = options.store;
   co.rank = options.rank;
   co.world_size = options.world_size;
+  co.elastic = options.elastic;
   auto comm = new_comm(backend, options.device, "world", co);
 
   auto state = std::make_shared<GroupState>();
@@ -218,6 +219,7 @@ std::shared_ptr<Comm> create_comm(const GroupSpec& spec, const GroupState& paren
     co.op_timeout = spec.timeout;
     co.hints = spec.hints;
     co.abort_process_on_error = parent_comm.abort_process_on_error();
+    co.elastic = parent_comm.elastic();
     std::optional<Device> device;
     const BackendSpec b = BackendSpec::parse(spec.backend);
     if (parent.device && b.has(parent.device->type)) device = parent.device;

@@ -381,6 +381,7 @@ int main(int argc, char** argv) {
     // COMMS_ROUTE=split carve groups from the world.
     comms::dist::InitOptions init;
     init.device = comms::Device::cpu();
+    if (elastic) init.elastic = true;
     comms::dist::Group world = comms::dist::init_process_group(init);
     if (elastic) {
       erun.steps = steps;

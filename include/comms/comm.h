@@ -75,6 +75,8 @@ class COMMS_API Comm {
   std::chrono::milliseconds op_timeout() const;
   Hints hints() const;
   bool abort_process_on_error() const;
+  // Whether the comm is watched for elastic recovery (CommOptions::elastic).
+  bool elastic() const;
   BackendState backend_state(DeviceType t) const;
   bool is_failed() const;
 

@@ -92,6 +92,8 @@ struct InitOptions {
   std::optional<int> rank;
   std::optional<int> world_size;
   BackendOptions options;
+  // CommOptions::elastic of the world (every group inherits it).
+  std::optional<bool> elastic;
 };
 
 struct GroupOptions {

@@ -6,8 +6,13 @@
 //   } catch (const comms::Error& e) {
 //     if (e.code() == ErrorCode::kInvalidArgument) throw;
 //     comms::Recovery r = comms::recover(*comm);  // revoke + agree + shrink
+//                                                 // (comm made elastic)
 //     comm = r.comm;                              // the survivors, renumbered
 //   }
+//
+// Only elastic comms (CommOptions::elastic, COMMS_ELASTIC=1) can: the
+// others have no heartbeats or revocation watch, and these calls refuse them
+// with kInvalidArgument (a planned shrink works on any comm).
 //
 // Everything goes through the job's store (commsrun hosts it outside the
 // ranks, so it outlives any of them). Liveness comes from heartbeats that

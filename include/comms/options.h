@@ -43,6 +43,12 @@ struct CommOptions {
   // Off: errors are delivered to callers. On: the process logs and aborts on
   // the first failed op, as some schedulers prefer.
   bool abort_process_on_error = false;
+  // Elastic recovery (comms/elastic.h) needs every rank of the comm watched:
+  // a store heartbeat and a look for revocations about every 100 ms, from
+  // creation on. Only elastic comms pay for that. Unset: COMMS_ELASTIC
+  // (commsrun --keep-going sets it), else off. Children made by split or
+  // shrink inherit it.
+  std::optional<bool> elastic;
 };
 
 enum class WaitMode : uint8_t {

@@ -229,7 +229,8 @@ comms::SplitOptions split_options(std::optional<Millis> init_timeout, std::optio
 
 CommPtr new_comm(const std::string& backend, const std::optional<std::string>& device, const std::string& name,
                  std::optional<Millis> init_timeout, std::optional<Millis> op_timeout, const comms::Hints& hints,
-                 std::optional<int> rank, std::optional<int> world_size, bool abort_process_on_error) {
+                 std::optional<int> rank, std::optional<int> world_size, bool abort_process_on_error,
+                 std::optional<bool> elastic) {
   comms::CommOptions options;
   options.init_timeout = init_timeout;
   options.op_timeout = op_timeout;
@@ -237,6 +238,7 @@ CommPtr new_comm(const std::string& backend, const std::optional<std::string>& d
   options.rank = rank;
   options.world_size = world_size;
   options.abort_process_on_error = abort_process_on_error;
+  options.elastic = elastic;
   const auto dev = device_of(device);
   py::gil_scoped_release nogil;
   return comms::new_comm(backend, dev, name, options);
@@ -254,6 +256,7 @@ void bind_properties(py::class_<comms::Comm, CommPtr>& cls) {
       .def_property_readonly("op_timeout", &comms::Comm::op_timeout)
       .def_property_readonly("hints", &comms::Comm::hints)
       .def_property_readonly("abort_process_on_error", &comms::Comm::abort_process_on_error)
+      .def_property_readonly("elastic", &comms::Comm::elastic, "Watched for elastic recovery (comms.recover etc.)")
       .def("backend_state", [](const comms::Comm& c, const std::string& type) {
         return std::string(comms::to_string(c.backend_state(comms::parse_device_type(type))));
       }, py::arg("device_type"), "'absent', 'lazy', 'ready', 'offloaded' or 'failed'")
@@ -355,7 +358,7 @@ void bind_comm(py::module_& m) {
   m.def("new_comm", &new_comm, py::kw_only(), py::arg("backend") = "", py::arg("device") = py::none(),
         py::arg("name") = "world", py::arg("init_timeout") = py::none(), py::arg("op_timeout") = py::none(),
         py::arg("hints") = comms::Hints{}, py::arg("rank") = py::none(), py::arg("world_size") = py::none(),
-        py::arg("abort_process_on_error") = false,
+        py::arg("abort_process_on_error") = false, py::arg("elastic") = py::none(),
         "Creates a communicator (collective). backend '' = COMMS_BACKEND or the default map.");
 }
 

@@ -141,7 +141,8 @@ void bind_group(py::module_& m) {
 void bind_groups(py::module_& m) {
   m.def("init_process_group", [](const std::string& backend, const std::optional<std::string>& device,
                                  std::optional<Millis> timeout, std::optional<int> rank,
-                                 std::optional<int> world_size, const std::optional<py::dict>& options) {
+                                 std::optional<int> world_size, const std::optional<py::dict>& options,
+                                 std::optional<bool> elastic) {
     dist::InitOptions init;
     init.backend = backend;
     init.device = device_of(device);
@@ -149,11 +150,14 @@ void bind_groups(py::module_& m) {
     init.rank = rank;
     init.world_size = world_size;
     init.options = backend_options_of(options);
+    init.elastic = elastic;
     py::gil_scoped_release nogil;
     return dist::init_process_group(init);
   }, py::kw_only(), py::arg("backend") = "", py::arg("device") = py::none(), py::arg("timeout") = py::none(),
      py::arg("rank") = py::none(), py::arg("world_size") = py::none(), py::arg("options") = py::none(),
-     "Creates the world group (collective). device='cpu' binds it eagerly (COMMS_ROUTE=split needs that).");
+     py::arg("elastic") = py::none(),
+     "Creates the world group (collective). device='cpu' binds it eagerly (COMMS_ROUTE=split needs that). "
+     "elastic=True: watched for elastic recovery (None: COMMS_ELASTIC).");
   m.def("is_initialized", &dist::is_initialized);
   m.def("world", &dist::world);
   m.def("new_group", [](const std::vector<int>& ranks, const std::string& backend, std::optional<Millis> timeout,

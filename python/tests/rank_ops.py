@@ -207,6 +207,28 @@ def split(c):
 
 
 @check
+def elastic_opt_in(c):
+    # Elastic recovery is opt-in per comm: a plain comm refuses it (with the
+    # way to turn it on) and keeps working; elastic=True shows in describe().
+    expect(c.elastic, False, "a plain comm's elastic")
+    if c.size > 1:
+        try:
+            comms.agree_on_failures(c)
+            raise AssertionError("a plain comm agreed")
+        except comms.Error as e:
+            expect((e.code, "COMMS_ELASTIC=1" in str(e)), ("invalid_argument", True), "refusal: %s" % e)
+    e = comms.new_comm(device="cpu", name="ops-elastic", elastic=True)
+    expect((e.elastic, json.loads(e.describe())["elastic"]), (True, True), "elastic=True")
+    x = np.array([e.rank + 1], np.int64)
+    e.all_reduce(x)
+    expect(x, np.array([e.size * (e.size + 1) // 2], np.int64), "elastic comm all_reduce")
+    e.finalize()
+    y = np.ones(2, np.int32)
+    c.all_reduce(y)
+    expect(y, np.full(2, c.size, np.int32), "plain comm usable after the refusal")
+
+
+@check
 def error_contents(c):
     # A bad peer is an invalid_argument error naming comm, op, seq and rank;
     # nothing is sent and the comm stays usable.

@@ -12,6 +12,8 @@
 //                failed, dies before it joins the agreement.
 //   double-late  rank 1 dies inside an all_reduce; rank 2 joins the
 //                agreement, then dies before the shrink: a second round.
+//   not-elastic  a comm made with elastic = false costs the store nothing
+//                and refuses revoke/agree (see not_elastic()).
 // Survivors print "AGREED rank <r> epoch <e> lost [..] size <n> sum <s>".
 // ELASTIC_BACKEND picks the backend (default cpu:gloo).
 #include <dirent.h>
@@ -20,6 +22,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,7 +74,9 @@ void print_agreed(int world_rank, const Recovery& r) {
 
 std::shared_ptr<Comm> world_comm() {
   const char* b = std::getenv("ELASTIC_BACKEND");
-  return new_comm(b ? b : "cpu:gloo", Device::cpu(), "world");
+  CommOptions options;
+  options.elastic = true;
+  return new_comm(b ? b : "cpu:gloo", Device::cpu(), "world", options);
 }
 
 // Runs all_reduces until one fails; returns its error code.
@@ -178,6 +183,50 @@ int double_kill(bool late) {
   return 0;
 }
 
+// A comm created with elastic = false: nothing of elastic recovery's reaches
+// the store (no watcher tick, so the job-wide revocation counter never
+// appears), revoke() and agree_on_failures() are refused with
+// kInvalidArgument and leave the comm working; an elastic comm made next
+// does tick. Prints "NOT_ELASTIC rank <r> ...".
+ErrorCode refused(const std::function<void()>& call, bool* says_why) {
+  try {
+    call();
+  } catch (const Error& e) {
+    *says_why = std::string(e.what()).find("COMMS_ELASTIC=1") != std::string::npos;
+    return e.code();
+  }
+  return ErrorCode::kOk;
+}
+
+int not_elastic() {
+  const BootstrapInfo boot = bootstrap_from_environment();
+  CommOptions options;
+  options.elastic = false;
+  options.store = default_store(boot.rank, boot.world_size, std::chrono::seconds(20));
+  const char* b = std::getenv("ELASTIC_BACKEND");
+  auto comm = new_comm(b ? b : "cpu:gloo", Device::cpu(), "plain", options);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // five watcher periods
+  const bool ticked_before = options.store->check({"comms/elastic/revocations"});
+  bool agree_why = false, revoke_why = false;
+  const ErrorCode agree = refused([&] { agree_on_failures(*comm); }, &agree_why);
+  const ErrorCode revoked = refused([&] { revoke(*comm); }, &revoke_why);
+  const float sum = checked_sum(*comm);  // every rank has looked at the store by now
+  options.elastic = true;
+  auto watched = new_comm(b ? b : "cpu:gloo", Device::cpu(), "watched", options);
+  bool ticked_after = false;
+  for (int i = 0; i < 100 && !ticked_after; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ticked_after = options.store->check({"comms/elastic/revocations"});
+  }
+  std::printf("NOT_ELASTIC rank %d elastic %d ticked %d agree %s%s revoke %s%s sum %g is_revoked %d; elastic %d ticked %d\n",
+              comm->rank(), comm->elastic(), ticked_before, std::string(to_string(agree)).c_str(),
+              agree_why ? " (says why)" : "", std::string(to_string(revoked)).c_str(), revoke_why ? " (says why)" : "",
+              sum, is_revoked(*comm), watched->elastic(), ticked_after);
+  std::fflush(stdout);
+  checked_sum(*watched);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -188,6 +237,7 @@ int main(int argc, char** argv) {
     if (mode == "cycles") return cycles(argc > 2 ? std::atoi(argv[2]) : 20);
     if (mode == "double-early") return double_kill(false);
     if (mode == "double-late") return double_kill(true);
+    if (mode == "not-elastic") return not_elastic();
   } catch (const Error& e) {
     std::fprintf(stderr, "elastic_helper: %s: %s\n", std::string(to_string(e.code())).c_str(), e.what());
     return 3;

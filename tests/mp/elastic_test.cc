@@ -115,6 +115,23 @@ TEST(Elastic, RevokingOnOneRankFailsEveryRanksOpsWithRevokedAndTheParentStaysRev
   }
 }
 
+TEST(Elastic, ACommThatIsNotElasticCostsTheStoreNothingAndRefusesRecoveryWithoutLosingAnything) {
+  for (const auto& backend : backends()) {
+    SCOPED_TRACE(backend);
+    auto p = run({COMMSRUN, "-n", "3", "--timeout", "60", "--", ELASTIC_HELPER, "not-elastic"}, env_for(backend), 70s);
+    EXPECT_EQ(p.exit_code(), 0) << p.output;
+    std::regex re(R"(NOT_ELASTIC rank (\d) (.*))");
+    int seen = 0;
+    for (auto it = std::sregex_iterator(p.output.begin(), p.output.end(), re); it != std::sregex_iterator(); ++it) {
+      ++seen;
+      EXPECT_EQ((*it)[2], "elastic 0 ticked 0 agree invalid_argument (says why) revoke invalid_argument (says why) "
+                          "sum 6 is_revoked 0; elastic 1 ticked 1")
+          << p.output;
+    }
+    EXPECT_EQ(seen, 3) << p.output;
+  }
+}
+
 TEST(Elastic, ASecondRankLostBeforeJoiningTheAgreementIsInTheSameSetOnEverySurvivor) {
   for (const auto& backend : backends()) {
     SCOPED_TRACE(backend);

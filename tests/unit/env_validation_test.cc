@@ -43,6 +43,7 @@ const std::map<std::string, Decision>& decisions() {
       {"COMMS_ROUTE", {Malformed{"COMMS_ROUTE", "sideways"}}},
       {"COMMS_INIT_TIMEOUT", {Malformed{"COMMS_INIT_TIMEOUT", "soon"}}},
       {"COMMS_OP_TIMEOUT", {Malformed{"COMMS_OP_TIMEOUT", "nan"}}},
+      {"COMMS_ELASTIC", {Malformed{"COMMS_ELASTIC", "maybe"}}},
       {"COMMS_ELASTIC_LIVENESS_TIMEOUT", {Malformed{"COMMS_ELASTIC_LIVENESS_TIMEOUT", "briefly"}}},
       {"COMMS_STORE", {Malformed{"COMMS_STORE", "http://host:1"}}},
       {"COMMS_LAUNCHER_STORE",

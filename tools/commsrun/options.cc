@@ -89,7 +89,7 @@ void add_options(CLI::App& app, LaunchOptions& options, std::string& nproc_text,
                "When a rank fails, leave the others running until they exit by themselves (to see each "
                "survivor detect the failure, or an elastic job recover; like srun --kill-on-bad-exit=0). "
                "Exits 0, naming the lost ranks, when the survivors finished and the failed ranks were lost "
-               "to signals; --timeout still applies");
+               "to signals; --timeout still applies. Sets COMMS_ELASTIC=1 for the ranks unless it is set");
   app.add_option("--exit-barrier-timeout", options.exit_barrier_s,
                  "With several nodes: how long node 0 keeps the store up for the other nodes after its "
                  "own ranks succeeded")

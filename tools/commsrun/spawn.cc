@@ -44,6 +44,9 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, int loca
       {"COMMS_STORE", store_url(options.master_addr, addresses.store_port)},
   };
   if (options.token_generated) ours.emplace_back("COMMS_STORE_TOKEN", options.store_token);
+  // A job meant to outlive a rank needs elastic comms (their heartbeats and
+  // revocation watch); an explicit COMMS_ELASTIC from the caller wins.
+  if (options.keep_going && !comms::env::get("COMMS_ELASTIC")) ours.emplace_back("COMMS_ELASTIC", "1");
   std::vector<std::string> env;
   for (char** entry = environ; *entry; ++entry) {
     std::string_view text(*entry);
