@@ -160,11 +160,29 @@ void need_store(const Comm::Impl& impl, const char* op) {
 // for elastic comms (a planned shrink needs neither).
 void need_elastic(const Comm::Impl& impl, const char* op) {
   need_store(impl, op);
+  if (auto why = internal::store_lost(*impl.config().store)) {
+    throw elastic_error(impl, ErrorCode::kPeerFailure,
+                        str::cat(op, ": the job's store is lost (", *why, "): no agreement can run without it"), op);
+  }
   if (!impl.config().elastic && impl.config().size > 1) {
     throw elastic_error(impl, ErrorCode::kInvalidArgument,
                         str::cat(op, ": the comm is not elastic, so its ranks neither heartbeat nor watch for "
                                      "revocations; create it with CommOptions::elastic = true or COMMS_ELASTIC=1 "
                                      "(commsrun --keep-going sets it)"),
+                        op);
+  }
+}
+
+// A store call that failed inside an elastic call throws an error about no
+// comm: make it this comm's, saying that the store is what failed.
+template <class F>
+auto through_store(const Comm::Impl& impl, const char* op, F&& call) {
+  try {
+    return call();
+  } catch (const Error& e) {
+    if (!e.comm().empty()) throw;
+    throw elastic_error(impl, e.code() == ErrorCode::kTimeout ? ErrorCode::kTimeout : ErrorCode::kPeerFailure,
+                        str::cat(op, ": the job's store failed (", e.what(), "); elastic recovery cannot work without it"),
                         op);
   }
 }
@@ -177,7 +195,7 @@ void Comm::Impl::revoke_local(const std::string& reason) {
   for (auto& s : slots_) {
     const BackendState st = s.state.load();
     if (st == BackendState::kAbsent || st == BackendState::kOffloaded) continue;
-    s.failure = str::cat("revoked: ", reason);
+    s.failure = reason;  // the error's code already says "revoked"
     s.state = BackendState::kFailed;
     if (st == BackendState::kFailed || !s.backend) continue;  // aborted when it failed
     const Status called = internal::call_plugin(s.plugin->name, "abort", [&] {
@@ -194,8 +212,10 @@ void revoke(Comm& comm, const std::string& reason) {
   const bool first = !impl.is_revoked();
   impl.revoke_local(reason);
   if (first && impl.config().store && impl.config().size > 1) {
-    internal::publish_revocation(*impl.config().store, impl.config().rendezvous_ns,
-                                 str::cat(reason, " (rank ", impl.config().rank, ")"));
+    through_store(impl, "revoke", [&] {
+      internal::publish_revocation(*impl.config().store, impl.config().rendezvous_ns,
+                                   str::cat(reason, " (rank ", impl.config().rank, ")"));
+    });
   }
 }
 
@@ -203,7 +223,9 @@ bool is_revoked(const Comm& comm) { return impl_of(comm).is_revoked(); }
 
 uint64_t epoch(const Comm& comm) { return impl_of(comm).config().epoch; }
 
-Agreement agree_on_failures(Comm& comm, const AgreeOptions& options) {
+namespace {
+
+Agreement agree_unguarded(Comm& comm, const AgreeOptions& options) {
   Comm::Impl& impl = impl_of(comm);
   need_elastic(impl, "agree");
   Store& store = *impl.config().store;
@@ -237,7 +259,7 @@ Agreement agree_on_failures(Comm& comm, const AgreeOptions& options) {
   return a;
 }
 
-std::shared_ptr<Comm> shrink(Comm& comm, const Agreement& agreement) {
+std::shared_ptr<Comm> shrink_unguarded(Comm& comm, const Agreement& agreement) {
   Comm::Impl& impl = impl_of(comm);
   need_elastic(impl, "shrink");
   Store& store = *impl.config().store;
@@ -281,6 +303,16 @@ std::shared_ptr<Comm> shrink(Comm& comm, const Agreement& agreement) {
                                failure.empty() ? "" : str::cat(" (here: ", failure, ")"),
                                "; agree again (recover() does)"),
                       "shrink");
+}
+
+}  // namespace
+
+Agreement agree_on_failures(Comm& comm, const AgreeOptions& options) {
+  return through_store(impl_of(comm), "agree", [&] { return agree_unguarded(comm, options); });
+}
+
+std::shared_ptr<Comm> shrink(Comm& comm, const Agreement& agreement) {
+  return through_store(impl_of(comm), "shrink", [&] { return shrink_unguarded(comm, agreement); });
 }
 
 std::shared_ptr<Comm> shrink(Comm& comm, std::span<const int> exclude) {
@@ -327,7 +359,9 @@ Recovery recover(Comm& comm, const AgreeOptions& options) {
   throw *last;
 }
 
-bool agree_all(Comm& comm, bool ok, const AgreeOptions& options) {
+namespace {
+
+bool agree_all_unguarded(Comm& comm, bool ok, const AgreeOptions& options) {
   Comm::Impl& impl = impl_of(comm);
   need_elastic(impl, "agree_all");
   Store& store = *impl.config().store;
@@ -350,6 +384,12 @@ bool agree_all(Comm& comm, bool ok, const AgreeOptions& options) {
            if (wait.give_up_on(missing)) return "0";
            return std::nullopt;
          }) == "1";
+}
+
+}  // namespace
+
+bool agree_all(Comm& comm, bool ok, const AgreeOptions& options) {
+  return through_store(impl_of(comm), "agree_all", [&] { return agree_all_unguarded(comm, ok, options); });
 }
 
 }  // namespace comms

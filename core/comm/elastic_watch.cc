@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <mutex>
 #include <set>
@@ -70,6 +71,13 @@ struct StoreState {
   int failures = 0;
 };
 
+// Stores given up on, with why: read by recover() and the agreements, which
+// cannot work without the store (guarded by Registry::mu).
+std::map<const Store*, std::string>& lost_stores() {
+  static auto* m = new std::map<const Store*, std::string>;  // leaked, as the registry
+  return *m;
+}
+
 struct Registry {
   std::mutex mu;       // guards comms
   std::mutex tick_mu;  // held while a tick revokes; unwatch waits for it
@@ -126,6 +134,26 @@ void revoke_revoked(Store* store, const std::vector<std::string>& revoked) {
   for (auto& [impl, reason] : todo) impl->revoke_local(str::cat("revoked by another rank: ", reason));
 }
 
+// The store stopped answering: no agreement can run, so the elastic comms on
+// it are revoked here, and their ops fail saying why instead of running on
+// into a recovery that would wait for the store.
+void give_up_on(Store* store, const std::string& why) {
+  Registry& reg = registry();
+  const std::string reason = str::cat("the job's store stopped answering (", why,
+                                      "); elastic recovery cannot work without it");
+  log::warning(str::cat("comms elastic: ", reason));
+  std::lock_guard<std::mutex> tick(reg.tick_mu);
+  std::vector<Comm::Impl*> todo;
+  {
+    std::lock_guard<std::mutex> lock(reg.mu);
+    lost_stores()[store] = why;
+    for (auto& [impl, w] : reg.comms) {
+      if (w.store.get() == store && !impl->is_revoked()) todo.push_back(impl);
+    }
+  }
+  for (auto* impl : todo) impl->revoke_local(reason);
+}
+
 void tick() {
   Registry& reg = registry();
   std::map<Store*, std::pair<std::shared_ptr<Store>, std::vector<std::string>>> stores;
@@ -146,7 +174,7 @@ void tick() {
       revoked = tick_store(*entry.first, state, entry.second);
       state.failures = 0;
     } catch (const std::exception& e) {
-      if (++state.failures == kGiveUpAfter) log::warning(str::cat("comms elastic: the store stopped answering: ", e.what()));
+      if (++state.failures == kGiveUpAfter) give_up_on(raw, e.what());
       continue;
     }
     if (!revoked.empty()) revoke_revoked(raw, revoked);
@@ -161,6 +189,14 @@ std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std:
   const std::string token = store.get(str::cat(ns, "/elastic/process/", rank), timeout);
   *ended = ended_here(token);
   return heartbeat_key(token);
+}
+
+std::optional<std::string> store_lost(const Store& store) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = lost_stores().find(&store);
+  if (it == lost_stores().end()) return std::nullopt;
+  return it->second;
 }
 
 void publish_revocation(Store& store, const std::string& ns, const std::string& reason) {

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "comms/comm.h"
@@ -32,6 +33,9 @@ std::string revoked_key(const std::string& ns);
 // local death needs no heartbeat to go stale).
 std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std::chrono::milliseconds timeout,
                              bool* ended);
+// Why the watcher gave up on `store` (it failed several ticks in a row; the
+// watched comms on it were revoked then), or nothing.
+std::optional<std::string> store_lost(const Store& store);
 // Tells every rank's watcher that the comm of namespace `ns` is revoked.
 void publish_revocation(Store& store, const std::string& ns, const std::string& reason);
 

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "comm/comm_impl.h"
+#include "comm/elastic_watch.h"
 #include "util/log.h"
 #include "util/strutil.h"
 #include "trace/service.h"
@@ -108,8 +109,11 @@ DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::C
                                  "Comm::reload_backend)")});
     case BackendState::kFailed:
       if (revoked_.load()) {
+        // Recovery runs through the store: no advice to recover when it is gone.
+        const bool store_alive = !config_.store || !internal::store_lost(*config_.store);
         throw make_error(args.type, next,
-                         {ErrorCode::kRevoked, str::cat(s.failure, "; recover (comms::recover) and use the shrunk comm")});
+                         {ErrorCode::kRevoked,
+                          str::cat(s.failure, store_alive ? "; recover (comms::recover) and use the shrunk comm" : "")});
       }
       throw make_error(args.type, next,
                        {ErrorCode::kAborted, str::cat("the comm failed earlier and cannot run ops: ", s.failure)});

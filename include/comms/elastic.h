@@ -19,8 +19,13 @@
 // each process's comms watcher writes there about every 100 ms: a rank whose
 // heartbeat stands still for the liveness timeout (dead, or stopped with
 // SIGSTOP) is lost, and one whose process ended on this host at once; so is
-// one that has not joined the agreement by its deadline. A rank that is alive learns of a revocation from the store
-// within about 100 ms, however idle it is.
+// one that has not joined the agreement by its deadline. A rank that is
+// alive learns of a revocation from the store within about 100 ms, however
+// idle it is. A store that fails three heartbeats in a row is lost: the
+// watcher revokes its elastic comms, whose ops then fail saying so, and
+// these calls fail with kPeerFailure naming the store (a store that stops
+// answering without closing its connections is noticed only when a call on
+// it times out: the store's default timeout, 5 min).
 //
 // Threading: call these from the thread that issues the comm's ops (like
 // ops), except revoke() and is_revoked(), which are safe from any thread.

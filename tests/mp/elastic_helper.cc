@@ -12,6 +12,8 @@
 //                failed, dies before it joins the agreement.
 //   double-late  rank 1 dies inside an all_reduce; rank 2 joins the
 //                agreement, then dies before the shrink: a second round.
+//   store-host / store-lost  the job's store, in a process of its own, and
+//                ranks that see it die (see store_lost()).
 //   not-elastic  a comm made with elastic = false costs the store nothing
 //                and refuses revoke/agree (see not_elastic()).
 // Survivors print "AGREED rank <r> epoch <e> lost [..] size <n> sum <s>".
@@ -227,6 +229,54 @@ int not_elastic() {
   return 0;
 }
 
+// store-host: hosts the job's TCP store on a free loopback port, prints
+// "STORE_PORT <port>" and waits to be killed (the test kills it mid-job).
+int store_host() {
+  TcpStoreServer server("127.0.0.1", 0);
+  std::printf("STORE_PORT %u\n", server.port());
+  std::fflush(stdout);
+  while (true) pause();
+}
+
+// store-lost: an elastic comm runs all_reduces until one fails once the
+// store is gone; prints "STORE_LOST rank <r> op <code> <whether the message
+// names the store> recover <code> <same>".
+int store_lost() {
+  auto comm = world_comm();
+  checked_sum(*comm);
+  std::printf("READY rank %d\n", comm->rank());
+  std::fflush(stdout);
+  std::string op_message, recover_message = "none";
+  const ErrorCode op = [&] {
+    std::vector<float> v(256, 1.0f);
+    while (true) {
+      try {
+        comm->all_reduce(BufferView::of(v), ReduceOp::sum());
+      } catch (const Error& e) {
+        op_message = e.what();
+        return e.code();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // ranks may outnumber cores
+    }
+  }();
+  ErrorCode recovered = ErrorCode::kOk;
+  try {
+    recover(*comm);
+  } catch (const Error& e) {
+    recovered = e.code();
+    recover_message = e.what();
+  }
+  const auto names_store = [](const std::string& m) { return m.find("the job's store") != std::string::npos; };
+  std::printf("STORE_LOST rank %d op %s %d recover %s %d\n", comm->rank(), std::string(to_string(op)).c_str(),
+              names_store(op_message), std::string(to_string(recovered)).c_str(), names_store(recover_message));
+  std::fprintf(stderr, "rank %d: op: %s\nrank %d: recover: %s\n", comm->rank(), op_message.c_str(), comm->rank(),
+               recover_message.c_str());
+  std::fflush(stdout);
+  // Stays a while, so that the others' watchers (not this exit) fail them.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -238,6 +288,8 @@ int main(int argc, char** argv) {
     if (mode == "double-early") return double_kill(false);
     if (mode == "double-late") return double_kill(true);
     if (mode == "not-elastic") return not_elastic();
+    if (mode == "store-host") return store_host();
+    if (mode == "store-lost") return store_lost();
   } catch (const Error& e) {
     std::fprintf(stderr, "elastic_helper: %s: %s\n", std::string(to_string(e.code())).c_str(), e.what());
     return 3;

@@ -5,6 +5,7 @@
 // ELASTIC_BACKENDS (set by meson) lists the backends to run on.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -129,6 +130,63 @@ TEST(Elastic, ACommThatIsNotElasticCostsTheStoreNothingAndRefusesRecoveryWithout
           << p.output;
     }
     EXPECT_EQ(seen, 3) << p.output;
+  }
+}
+
+// Kills what a test started when it ends early (a failed ASSERT): the store
+// host and the ranks run until killed otherwise.
+struct KillAtExit {
+  std::vector<pid_t> pids;
+  ~KillAtExit() {
+    for (pid_t pid : pids) {
+      if (waitpid(pid, nullptr, WNOHANG) != 0) continue;  // reaped already: the pid is not ours any more
+      kill(-pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+// The store's host dies mid-job: no agreement can run, so every rank's
+// watcher revokes the comm and its ops fail saying the store is lost, within
+// seconds, and recover() fails saying so; no rank hangs. (A rank whose peer
+// was revoked first may see that peer's abort as peer_failure instead.)
+TEST(Elastic, ALostStoreFailsEveryRanksOpsAndRecoverSayingSoInsteadOfHanging) {
+  for (const auto& backend : backends()) {
+    SCOPED_TRACE(backend);
+    Process store = Process::start({ELASTIC_HELPER, "store-host"});
+    KillAtExit cleanup{{store.pid}};
+    ASSERT_TRUE(store.read_until([](const std::string& o) { return o.find('\n') != std::string::npos; }, 20s))
+        << store.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(store.output, m, std::regex(R"(STORE_PORT (\d+))"))) << store.output;
+    std::vector<Process> ranks;
+    const int n = 3;
+    for (int r = 0; r < n; ++r) {
+      auto env = env_for(backend);
+      env.insert({{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(n)},
+                  {"COMMS_STORE", "tcp://127.0.0.1:" + m[1].str()}});
+      ranks.push_back(Process::start({ELASTIC_HELPER, "store-lost"}, env));
+      cleanup.pids.push_back(ranks.back().pid);
+    }
+    for (auto& p : ranks) {
+      ASSERT_TRUE(p.read_until([](const std::string& o) { return o.find("READY") != std::string::npos; }, 40s))
+          << p.output;
+    }
+    kill(store.pid, SIGKILL);
+    int told_by_own_watcher = 0;
+    for (int r = 0; r < n; ++r) {
+      ASSERT_TRUE(ranks[r].wait(30s)) << ranks[r].output;  // 20 s op timeout: a hang would pass it
+      EXPECT_EQ(ranks[r].exit_code(), 0) << ranks[r].output;
+      std::smatch line;
+      ASSERT_TRUE(std::regex_search(ranks[r].output, line,
+                                    std::regex("STORE_LOST rank " + std::to_string(r) + " op (\\w+ \\d) recover (.*)")))
+          << ranks[r].output;
+      EXPECT_TRUE(line[1] == "revoked 1" || line[1] == "peer_failure 0") << ranks[r].output;
+      told_by_own_watcher += line[1] == "revoked 1";
+      EXPECT_EQ(line[2], "peer_failure 1") << ranks[r].output;
+    }
+    EXPECT_GE(told_by_own_watcher, 1);
+    store.wait(10s);
   }
 }
 
