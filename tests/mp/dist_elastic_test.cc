@@ -28,13 +28,16 @@ std::vector<std::string> backends() {
   return out;
 }
 
+// COMMS_ROUTE as the test job has it (DistElastic.*SplitRoute* sets "split").
+std::string route = "direct";
+
 Process helper(int n, const std::string& backend, const std::vector<std::string>& args) {
   std::vector<std::string> argv = {COMMSRUN, "-n", std::to_string(n), "--keep-going", "--timeout", "50", "--",
                                    DIST_ELASTIC_HELPER};
   argv.insert(argv.end(), args.begin(), args.end());
   return run(argv,
              {{"COMMS_BACKEND", backend}, {"COMMS_ELASTIC", "1"}, {"COMMS_OP_TIMEOUT", "20s"},
-              {"COMMS_INIT_TIMEOUT", "20s"}},
+              {"COMMS_INIT_TIMEOUT", "20s"}, {"COMMS_ROUTE", route}},
              55s);
 }
 
@@ -107,6 +110,13 @@ void expect_groups(int n) {
 
 TEST(DistElastic, GroupsHoldingTheLostRankAreRebuiltAndOthersKeptAt4Ranks) { expect_groups(4); }
 TEST(DistElastic, GroupsHoldingTheLostRankAreRebuiltAndOthersKeptAt8Ranks) { expect_groups(8); }
+// Groups carved from the world with Comm::split: rebuilt by splitting the
+// recovered world (every rank takes part), kept ones untouched.
+TEST(DistElastic, GroupsOnTheSplitRouteAreRebuiltFromTheRecoveredWorldAt4Ranks) {
+  route = "split";
+  expect_groups(4);
+  route = "direct";
+}
 
 // tp=2, rank `lost` killed, drop_replicas(): its tp partner is dropped; the
 // rest are renumbered in order with dp = (n - 2) / 2.
