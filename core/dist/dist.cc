@@ -202,11 +202,12 @@ Group init_process_group(const InitOptions& options) {
   return Group(state);
 }
 
-namespace {
-
-// Creates (or recreates, for reload) the communicator of a group spec on
-// this rank. Collective over the members (direct) or the parent (split).
-std::shared_ptr<Comm> create_comm(const GroupSpec& spec, const GroupState& parent, int member_rank) {
+// Creates (or recreates, for reload and recovery) the communicator of a
+// group spec on this rank. Collective over the members (direct) or the
+// parent (split).
+std::shared_ptr<Comm> create_group_comm(const GroupSpec& spec, const GroupState& parent, int member_rank,
+                                        const std::string& comm_name) {
+  const std::string& name = comm_name.empty() ? spec.name : comm_name;
   const Comm& parent_comm = *parent.comm;
   auto& pimpl = internal::CommAccess::impl(parent_comm);
   if (spec.route == Route::kDirect) {
@@ -223,7 +224,7 @@ std::shared_ptr<Comm> create_comm(const GroupSpec& spec, const GroupState& paren
     std::optional<Device> device;
     const BackendSpec b = BackendSpec::parse(spec.backend);
     if (parent.device && b.has(parent.device->type)) device = parent.device;
-    return new_comm(spec.backend, device, spec.name, co);
+    return new_comm(spec.backend, device, name, co);
   }
   SplitOptions so;
   so.op_timeout = spec.timeout;
@@ -236,8 +237,10 @@ std::shared_ptr<Comm> create_comm(const GroupSpec& spec, const GroupState& paren
       parent_ranks.push_back(static_cast<int>(it - parent.spec.ranks.begin()));
     }
   }
-  return const_cast<Comm&>(parent_comm).split(parent_ranks, spec.name, so);
+  return const_cast<Comm&>(parent_comm).split(parent_ranks, name, so);
 }
+
+namespace {
 
 void check_split_rules(const GroupState& parent, const std::string& name) {
   if (!parent.comm->device()) {
@@ -329,7 +332,7 @@ Group new_group(std::span<const int> ranks, const GroupOptions& options) {
     spec.creation_index = reg.next_index++;
   }
   check_hints_on_every_rank(spec);
-  auto comm = create_comm(spec, parent, member_rank);
+  auto comm = create_group_comm(spec, parent, member_rank);
   auto state = register_group(std::move(spec), std::move(comm));
   return member_rank >= 0 ? Group(state) : Group();
 }
@@ -394,8 +397,9 @@ Group split_group(const Group& parent_group, std::span<const std::vector<int>> r
   int member_rank = -1;
   if (mine) member_rank = static_cast<int>(std::find(mine->begin(), mine->end(), parent.spec.ranks[parent.comm->rank()]) - mine->begin());
   check_hints_on_every_rank(spec);
-  auto comm = create_comm(spec, parent, member_rank);
+  auto comm = create_group_comm(spec, parent, member_rank);
   auto state = register_group(std::move(spec), std::move(comm));
+  state->from_split_group = true;
   return member_rank >= 0 ? Group(state) : Group();
 }
 

@@ -24,6 +24,9 @@ class GroupState {
   // Device types released by offload_groups and not yet reloaded. Kept on
   // non-members too, so every rank replays the same collective splits.
   std::set<DeviceType> offloaded;
+  // Made by split_group: non-members do not know its rank list, so a
+  // recovery splits it again from its parent on every rank.
+  bool from_split_group = false;
 };
 
 struct Registry {
@@ -38,6 +41,11 @@ struct Registry {
 
 Registry& registry();
 void destroy_state(GroupState& s);
+// Creates the communicator of a group spec on this rank, named `comm_name`
+// ("" = spec.name). Collective over the members (direct route) or the
+// parent (split route); null on non-members.
+std::shared_ptr<Comm> create_group_comm(const GroupSpec& spec, const GroupState& parent, int member_rank,
+                                        const std::string& comm_name = "");
 
 // Megatron's communicator-config keys for our groups (parallel_state.py's
 // get_nccl_options names): ep_tp -> expt_tp, tp_ep_mp -> tp_ep (Megatron's

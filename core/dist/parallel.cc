@@ -328,6 +328,7 @@ ParallelPlan plan_model_parallel(const ParallelConfig& c, int world_size, std::s
 // The collection
 
 const ProcessGroupCollection::Entry& ProcessGroupCollection::entry(std::string_view name) const {
+  if (!unusable_.empty()) invalid(str::cat("collection '", prefix_, "' is unusable: ", unusable_));
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     invalid(str::cat("collection '", prefix_, "' has no group '", name, "'; the groups are ",
@@ -354,6 +355,7 @@ const Group& ProcessGroupCollection::get(std::string_view name) const {
 }
 
 bool ProcessGroupCollection::has(std::string_view name) const {
+  if (!unusable_.empty()) return false;
   auto it = entries_.find(name);
   return it != entries_.end() && it->second.created && it->second.group;
 }

@@ -17,6 +17,7 @@
 #include "comms/export.h"
 
 #include <chrono>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "comms/comm.h"
+#include "comms/elastic.h"
 
 namespace comms::dist {
 
@@ -195,5 +197,58 @@ COMMS_API void destroy_process_group();  // the world and everything
 // Every group of this process in creation order (including non-member
 // entries, whose specs every rank keeps so replays stay collective).
 COMMS_API std::vector<Group> groups();
+
+// Elastic recovery of the world and its groups, after an op on any group
+// failed because a rank was lost (comms/elastic.h does the comm level):
+//
+//   try { tp->all_reduce(x, ReduceOp::sum()); }
+//   catch (const comms::Error& e) {
+//     auto r = comms::dist::recover();           // every survivor calls it
+//     if (r.excluded) return 0;                  // dropped by a rule: exit
+//   }
+//
+// Every survivor calls it (collective over the survivors of the world). It
+// revokes the world comm, agrees on the lost ranks through the store (so
+// every survivor gets the same set and epoch), and replaces the world
+// group's comm with the shrunk one: world ranks are renumbered in order.
+// Then, in creation order, every group made through this API:
+//   - holding no lost (or dropped) rank: keeps its Comm object, untouched;
+//     only its GroupSpec::ranks are renumbered to the new world ranks;
+//   - holding one: its old comm is aborted and a new one made for its
+//     surviving members, in the same order, with the same spec (backend,
+//     timeout, options, hints, route); the comm is named "<name>@e<epoch>",
+//     the group keeps its name; with no surviving member it is destroyed;
+//   - made by split_group: always split again from its (recovered) parent,
+//     since no rank knows the other ranks' lists.
+// Group handles are rebuilt in place: every copy of a Group (and the Python
+// object) refers to the new comm. A Comm taken out earlier (comm(),
+// shared_comm()) of a rebuilt group is aborted: take it again. Ranks that
+// were not members of a group stay non-members (an empty Group).
+//
+// A rank blocked in an op of a group without a lost rank finishes that op
+// first; recovery starts once every survivor has called recover() (each
+// learns of the failure from its own failed op or from the world's
+// revocation, which reaches an idle rank within about 100 ms).
+struct RecoverOptions {
+  AgreeOptions agree;
+  // Alive ranks to drop too, decided from the lost set (world ranks before
+  // the recovery, ascending) and the old world size; must give the same on
+  // every rank. The dropped ranks get RecoverResult::excluded. If it throws,
+  // the recovery completes without drops and then rethrows that error.
+  std::function<std::vector<int>(const std::vector<int>& lost, int world_size)> exclude;
+};
+
+struct RecoverResult {
+  bool excluded = false;     // this rank was dropped: its groups are gone, dist is uninitialized
+  std::vector<int> lost;     // old world ranks, ascending
+  std::vector<int> dropped;  // old world ranks dropped by RecoverOptions::exclude
+  uint64_t epoch = 0;        // the new world comm's epoch
+  int old_rank = -1;
+  int rank = -1;             // in the new world; -1 if excluded
+  int world_size = 0;        // of the new world
+  std::vector<std::string> kept, rebuilt, removed;  // group names
+  std::chrono::milliseconds took{0};
+};
+COMMS_API RecoverResult recover(const RecoverOptions& options = {});
 
 }  // namespace comms::dist

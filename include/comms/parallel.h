@@ -18,6 +18,7 @@
 #include "comms/export.h"
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -123,6 +124,44 @@ struct COMMS_API ParallelPlan {
 COMMS_API ParallelPlan plan_model_parallel(const ParallelConfig& config, int world_size,
                                  std::string_view world_backend = "");
 
+class ProcessGroupCollection;
+
+// Elastic recovery of a collection (dist.h's recover() for the world and
+// plain groups). After a loss the layout is derived again by the rank
+// generator for the new world size: dp (and expert dp) shrink, tp, pp, cp,
+// ep and the groups made of them stay as they were. That works when the
+// lost ranks make up whole data-parallel replicas; otherwise (the world
+// size is no longer divisible, or a lost rank breaks a tp/pp/cp/ep group)
+// a ShrinkRule picks alive ranks to drop as well.
+struct LayoutLoss {
+  const ParallelConfig* config = nullptr;
+  const ParallelPlan* plan = nullptr;  // the layout before the loss
+  int world_size = 0;                  // before the loss
+  std::vector<int> lost;               // world ranks before the loss, ascending
+};
+// Returns the alive world ranks to drop (the same on every rank).
+using ShrinkRule = std::function<std::vector<int>(const LayoutLoss&)>;
+// The built-in rule: drop every data-parallel replica (every rank with the
+// same dp coordinate, across tp, pp and cp) that holds a lost rank.
+COMMS_API ShrinkRule drop_replicas();
+
+// Why the layout cannot lose `gone` (world ranks) and be derived again for
+// the rest, naming the world sizes and axes; "" when it can.
+COMMS_API std::string why_layout_cannot_shrink(const ParallelConfig& config, int world_size,
+                                               const std::vector<int>& gone);
+
+// Recovers the world (dist::recover) and reshapes `collection` in place:
+// its plan and rank lists become the new layout's, and each group handle of
+// this rank refers to the group of the new layout (kept when it lost no rank,
+// rebuilt otherwise). With no rule, a loss the layout cannot absorb makes it
+// throw Error(kInvalidArgument) saying why (the world and plain groups are
+// recovered first; the collection is then unusable: get() repeats the
+// reason). Ranks the rule drops get RecoverResult::excluded and should exit.
+// The collection must cover the whole world (rank_offset 0), else
+// kUnsupported.
+COMMS_API RecoverResult recover_model_parallel(ProcessGroupCollection& collection, const ShrinkRule& rule = {},
+                                               const AgreeOptions& options = {});
+
 class COMMS_API ProcessGroupCollection {
  public:
   struct Entry {
@@ -157,7 +196,9 @@ class COMMS_API ProcessGroupCollection {
 
  private:
   friend ProcessGroupCollection initialize_model_parallel(const ParallelConfig&);
+  friend RecoverResult recover_model_parallel(ProcessGroupCollection&, const ShrinkRule&, const AgreeOptions&);
   std::string prefix_;
+  std::string unusable_;  // why, after a recovery the layout could not absorb
   ParallelConfig config_;
   ParallelPlan plan_;
   std::map<std::string, Entry, std::less<>> entries_;

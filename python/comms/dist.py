@@ -18,6 +18,7 @@ to_hints = _dist.to_hints
 offload_groups = _dist.offload_groups
 reload_groups = _dist.reload_groups
 shutdown = _dist.shutdown
+recover = _dist.recover
 
 
 def _forward_to_comm(group, name):
@@ -33,4 +34,4 @@ Group.__getattr__ = _forward_to_comm
 
 __all__ = ["Group", "init_process_group", "is_initialized", "world", "new_group", "split_group",
            "destroy_process_group", "groups", "route_from_environment", "to_hints", "offload_groups",
-           "reload_groups", "shutdown"]
+           "reload_groups", "shutdown", "recover"]

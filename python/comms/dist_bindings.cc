@@ -229,12 +229,63 @@ void bind_lifecycle(py::module_& m) {
   m.def("shutdown", &dist::shutdown, py::call_guard<py::gil_scoped_release>());
 }
 
+comms::AgreeOptions agree_options(std::optional<Millis> timeout, std::optional<Millis> liveness_timeout) {
+  comms::AgreeOptions o;
+  o.timeout = timeout;
+  o.liveness_timeout = liveness_timeout;
+  return o;
+}
+
+py::dict recover_dict(const dist::RecoverResult& r) {
+  py::dict d;
+  d["excluded"] = r.excluded;
+  d["lost"] = r.lost;
+  d["dropped"] = r.dropped;
+  d["epoch"] = r.epoch;
+  d["old_rank"] = r.old_rank;
+  d["rank"] = r.rank;
+  d["world_size"] = r.world_size;
+  d["kept"] = r.kept;
+  d["rebuilt"] = r.rebuilt;
+  d["removed"] = r.removed;
+  d["took_ms"] = r.took.count();
+  return d;
+}
+
+// A Python callable (lost, world_size) -> [ranks], called with the GIL.
+std::function<std::vector<int>(const std::vector<int>&, int)> ranks_callback(const py::object& f) {
+  auto held = std::make_shared<py::object>(f);
+  return [held](const std::vector<int>& lost, int world_size) {
+    py::gil_scoped_acquire gil;
+    return (*held)(lost, world_size).cast<std::vector<int>>();
+  };
+}
+
+void bind_recover(py::module_& m) {
+  m.def("recover", [](std::optional<Millis> timeout, std::optional<Millis> liveness, const py::object& exclude) {
+    dist::RecoverOptions o;
+    o.agree = agree_options(timeout, liveness);
+    if (!exclude.is_none()) o.exclude = ranks_callback(exclude);
+    dist::RecoverResult r;
+    {
+      py::gil_scoped_release nogil;
+      r = dist::recover(o);
+    }
+    return recover_dict(r);
+  }, py::arg("timeout") = py::none(), py::arg("liveness_timeout") = py::none(), py::arg("exclude") = py::none(),
+  "After a failed op: recovers the world and rebuilds every group that held a lost rank, in place "
+  "(groups without one keep their comm). exclude(lost, world_size) -> alive ranks to drop as well. "
+  "Returns {'excluded', 'lost', 'dropped', 'epoch', 'old_rank', 'rank', 'world_size', 'kept', "
+  "'rebuilt', 'removed', 'took_ms'}; an excluded rank should exit.");
+}
+
 }  // namespace
 
 void bind_dist(py::module_& m) {
   bind_group(m);
   bind_groups(m);
   bind_lifecycle(m);
+  bind_recover(m);
 }
 
 void bind_parallel(py::module_& m) {
@@ -297,10 +348,35 @@ void bind_parallel(py::module_& m) {
       .def("rank_lists", &Collection::rank_lists, py::arg("name"))
       .def_property_readonly("prefix", &Collection::prefix)
       .def_property_readonly("dp_size", [](const Collection& c) { return c.plan().dp; })
+      .def_property_readonly("world_size", [](const Collection& c) { return c.plan().world_size; })
       .def("__getattr__", [](const Collection& c, const std::string& name) -> dist::Group {
         if (!c.has(name)) throw py::attribute_error("no group '" + name + "' for this rank in the collection");
         return c.get(name);
       });
+  m.def("why_layout_cannot_shrink", &dist::why_layout_cannot_shrink, py::arg("config"), py::arg("world_size"),
+        py::arg("gone"), "Why the layout cannot lose these world ranks and be derived again; '' if it can.");
+  m.def("recover_model_parallel", [](Collection& c, const py::object& rule, std::optional<Millis> timeout,
+                                     std::optional<Millis> liveness) {
+    dist::ShrinkRule r;
+    if (py::isinstance<py::str>(rule)) {
+      if (rule.cast<std::string>() != "drop_replicas") {
+        throw py::value_error("rule: 'drop_replicas', a callable (lost, world_size) -> ranks to drop, or None");
+      }
+      r = dist::drop_replicas();
+    } else if (!rule.is_none()) {
+      auto f = ranks_callback(rule);
+      r = [f](const dist::LayoutLoss& loss) { return f(loss.lost, loss.world_size); };
+    }
+    dist::RecoverResult result;
+    {
+      py::gil_scoped_release nogil;
+      result = dist::recover_model_parallel(c, r, agree_options(timeout, liveness));
+    }
+    return recover_dict(result);
+  }, py::arg("collection"), py::arg("rule") = py::none(), py::kw_only(), py::arg("timeout") = py::none(),
+  py::arg("liveness_timeout") = py::none(),
+  "dist.recover() plus the collection reshaped in place for the smaller world (dp shrinks). A loss the layout "
+  "cannot absorb raises comms.Error saying why unless rule ('drop_replicas' or a callable) drops more ranks.");
   m.def("initialize_model_parallel", [](const dist::ParallelConfig& config) {
     py::gil_scoped_release nogil;
     return dist::initialize_model_parallel(config);

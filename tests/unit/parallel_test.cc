@@ -327,5 +327,32 @@ TEST(CommunicatorConfig, ErrorsFromAFileNameTheFile) {
   std::remove(path.c_str());
 }
 
+// Recovery: a loss of whole data-parallel replicas re-derives; anything
+// else says why, and drop_replicas() picks the rest of each hit replica.
+TEST(ParallelRecovery, WholeReplicasShrinkAndOtherLossesSayWhy) {
+  ParallelConfig tp2;
+  tp2.tp = 2;
+  EXPECT_EQ(why_layout_cannot_shrink(tp2, 8, {2, 3}), "");
+  const std::string odd = why_layout_cannot_shrink(tp2, 8, {3});
+  EXPECT_NE(odd.find("losing ranks [3] of 8 leaves 7 ranks"), std::string::npos) << odd;
+  EXPECT_NE(odd.find("not divisible by tp*pp*cp = 2*1*1 = 2"), std::string::npos) << odd;
+  const std::string split = why_layout_cannot_shrink(tp2, 8, {1, 2});
+  EXPECT_NE(split.find("the loss of [1] breaks tp group [0,1]"), std::string::npos) << split;
+  EXPECT_NE(split.find("would make ranks [0,3]"), std::string::npos) << split;
+
+  ParallelConfig pp2;  // tp=1, dp=4, pp=2: replica d is {d, d+4}
+  pp2.pp = 2;
+  pp2.order = "tp-dp-pp";
+  EXPECT_EQ(why_layout_cannot_shrink(pp2, 8, {1, 5}), "");
+  const std::string stage = why_layout_cannot_shrink(pp2, 8, {1, 4});
+  EXPECT_NE(stage.find("the loss of [4] breaks pp group [0,4]"), std::string::npos) << stage;
+
+  const ParallelPlan plan8 = plan_model_parallel(tp2, 8);
+  EXPECT_EQ(drop_replicas()(LayoutLoss{&tp2, &plan8, 8, {3}}), (std::vector<int>{2}));
+  EXPECT_EQ(drop_replicas()(LayoutLoss{&tp2, &plan8, 8, {0, 7}}), (std::vector<int>{1, 6}));
+  const ParallelPlan pplan = plan_model_parallel(pp2, 8);
+  EXPECT_EQ(drop_replicas()(LayoutLoss{&pp2, &pplan, 8, {5}}), (std::vector<int>{1}));
+}
+
 }  // namespace
 }  // namespace comms::dist
