@@ -70,8 +70,24 @@ Status Core::shrink_locked(std::vector<int> exclude, const NcclConfigFields& chi
     if (state != ncclSuccess && !revoked) return nccl_status(*api_, comm_, state, what);
     return {};
   };
+  // A shrink that failed part-way leaves the parent in an unknown state: it
+  // is aborted (never destroyed), so that the next round re-creates.
+  const auto give_up = [&](Status s) {
+    if (revoked_) {
+      if (ncclResult_t a = api_->comm_abort(comm_); !accepted(a)) {
+        log(3, std::string("ncclCommAbort failed: ") + api_->error_string(a));
+      }
+      comm_ = nullptr;
+      revoked_ = false;
+      registered_.clear();
+      log(3, s.message);
+    } else {
+      fail_locked(s, nullptr);
+    }
+    return s;
+  };
   if (revoked) {
-    if (Status s = quiesce("quiescing the revoked NCCL communicator"); !s.is_ok()) return s;
+    if (Status s = quiesce("quiescing the revoked NCCL communicator"); !s.is_ok()) return give_up(s);
   }
   *flags = revoked ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
   const NcclConfigFields fields = plugin_config_fields(child_fields, child_name);
@@ -98,8 +114,7 @@ Status Core::shrink_locked(std::vector<int> exclude, const NcclConfigFields& chi
     if (s.code == ErrorCode::kTimeout) {
       s.message = "ncclCommShrink did not finish within " + ms_text(timeout) + "; do all surviving ranks shrink?";
     }
-    // The parent is left to its backend (aborted with it): a survivor may be stuck in it.
-    return s;
+    return give_up(s);
   }
   *child = out;
   return {};

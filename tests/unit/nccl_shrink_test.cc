@@ -322,6 +322,32 @@ TEST_F(NcclShrinkTest, AFailedNcclCommShrinkIsReportedAndMakesNoChild) {
   EXPECT_EQ(s.code, ErrorCode::kPeerFailure);
   EXPECT_THAT(s.message, HasSubstr("ncclCommShrink"));
   EXPECT_EQ(child, nullptr);
+  // The parent failed with it (as after a failed split): aborted, and the
+  // next attempt re-creates.
+  std::unique_ptr<plugin::Work> w;
+  EXPECT_EQ(b->submit(op(OpType::kAllReduce), &w).code, ErrorCode::kAborted);
+  {
+    auto l = api->lock();
+    EXPECT_THAT(api->aborted_comms, ElementsAre(api->created_comms[0]));
+    EXPECT_TRUE(api->destroyed_comms.empty());
+  }
+  auto again = std::make_shared<MemoryStore>();
+  child_store = again;
+  plugin::SplitDesc retry = shrink_desc(survivors, 0);
+  EXPECT_EQ(b->shrink(retry, &child).code, ErrorCode::kUnsupported);
+}
+
+TEST_F(NcclShrinkTest, AFailedShrinkOfARevokedParentAbortsTheParent) {
+  auto b = parent(0, 3);
+  b->revoke("rank 2 died");
+  api->shrink_result = ncclRemoteError;
+  const int survivors[] = {0, 1};
+  plugin::SplitDesc desc = shrink_desc(survivors, 0);
+  std::unique_ptr<Backend> child;
+  EXPECT_EQ(b->shrink(desc, &child).code, ErrorCode::kPeerFailure);
+  auto l = api->lock();
+  EXPECT_THAT(api->aborted_comms, ElementsAre(api->created_comms[0]));
+  EXPECT_TRUE(api->destroyed_comms.empty());
 }
 
 TEST_F(NcclShrinkTest, ArgumentsNcclCommShrinkRefusesMakeTheCommReCreated) {
