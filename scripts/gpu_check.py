@@ -9,7 +9,8 @@
 `run` without a CUDA device prints one line saying so and exits 0. With one it
 runs each check (the NCCL plugin's GPU unit tests, the conformance suite on
 CUDA buffers at world size = number of GPUs, the GPU story tests under
-commsrun, comms-bench --overhead at four sizes, comms.torch built against the
+commsrun, the elastic tests (planned shrink, revoke then recover; at 2 ranks too),
+comms-bench --overhead at four sizes, comms.torch built against the
 machine's torch and its CUDA checks), prints a line per check, and
 exits 1 if any failed. Every check has a time bound.
 """
@@ -39,6 +40,7 @@ PROGRAMS = [
     "tests/unit/nccl_unit_test",
     "tests/unit/nccl_gpu_test",
     "tests/gpu/gpu_story_test",
+    "tests/gpu/gpu_elastic_test",
     "tests/conformance/conformance_cuda_test",
 ]
 LIBRARIES = ["core/libcomms.so.0", "backends/gloo/libcomms-gloo.so", "backends/nccl/libcomms-nccl.so"]
@@ -327,9 +329,23 @@ class Runner:
                    "(world size %d)" % self.gpus,
                    self.commsrun(self.gpus, 580) + [self.path("tests/gpu/gpu_story_test")], 600,
                    {"GPU_STORY_NCCL_LOG_DIR": story_log})
+        self.elastic()
         self.bench()
         self.bench(graph=True)
         self.torch()
+
+    def elastic(self):
+        """Planned shrink (empty exclude list) at one rank per GPU; then two ranks (on one GPU when
+        there is one: NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1, else the cases skip): a planned
+        shrink excluding rank 1, and revoke then recover."""
+        env = {"COMMS_ELASTIC": "1"}
+        self.gtest("gpu_elastic", "planned shrink through comms::shrink, ncclCommShrink where NCCL has it "
+                   "(world size %d)" % self.gpus,
+                   self.commsrun(self.gpus, 280) + [self.path("tests/gpu/gpu_elastic_test")], 300, env)
+        env2 = dict(env, NCCL_MULTI_RANK_GPU_ENABLE="1", GPU_ELASTIC_SHARE_GPU="0" if self.gpus >= 2 else "1")
+        self.gtest("gpu_elastic_2rank", "2 ranks%s: planned shrink excluding rank 1, revoke then recover"
+                   % ("" if self.gpus >= 2 else " on one GPU"),
+                   self.commsrun(2, 280) + [self.path("tests/gpu/gpu_elastic_test")], 300, env2)
 
     def torch(self):
         """comms.torch built against this machine's torch, its CUDA checks (scripts/gpu_check_torch.py)."""

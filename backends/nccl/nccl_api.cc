@@ -1,5 +1,7 @@
 #include "nccl_api.h"
 
+#include <dlfcn.h>
+
 namespace comms::nccl {
 namespace {
 
@@ -36,8 +38,43 @@ COMMS_CHECK_FIELD("nvlink_centric_sched", nvlinkCentricSched);
     if (value) config->field = value->c_str();                        \
   }
 
+// ncclCommShrink / ncclCommRevoke of the libnccl this process loaded, or
+// null: looked up by dlsym in the library that holds ncclGetVersion (the
+// plugin is loaded RTLD_LOCAL, so RTLD_DEFAULT would not see it), and only
+// when that library's version has them.
+using ShrinkFn = ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
+using RevokeFn = ncclResult_t (*)(ncclComm_t, int);
+struct OptionalSymbols {
+  ShrinkFn shrink = nullptr;
+  RevokeFn revoke = nullptr;
+};
+
+OptionalSymbols find_optional_symbols() {
+  OptionalSymbols out;
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) return out;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) == 0 || !info.dli_fname) return out;
+  void* lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (!lib) return out;
+  // The handle stays open: NCCL is never unloaded while the plugin lives.
+  if (version >= NCCL_VERSION(2, 27, 0)) out.shrink = reinterpret_cast<ShrinkFn>(dlsym(lib, "ncclCommShrink"));
+  if (version >= NCCL_VERSION(2, 28, 0)) out.revoke = reinterpret_cast<RevokeFn>(dlsym(lib, "ncclCommRevoke"));
+  return out;
+}
+
 class RealNcclApi final : public NcclApi {
  public:
+  bool has_shrink() override { return syms_.shrink != nullptr; }
+  bool has_revoke() override { return syms_.revoke != nullptr; }
+  ncclResult_t comm_shrink(ncclComm_t comm, int* exclude, int n, ncclComm_t* child, ncclConfig_t* config,
+                           int flags) override {
+    return syms_.shrink ? syms_.shrink(comm, exclude, n, child, config, flags) : ncclInvalidUsage;
+  }
+  ncclResult_t comm_revoke(ncclComm_t comm, int flags) override {
+    return syms_.revoke ? syms_.revoke(comm, flags) : ncclInvalidUsage;
+  }
+
   ncclResult_t get_version(int* v) override { return ncclGetVersion(v); }
   ncclResult_t get_unique_id(ncclUniqueId* id) override { return ncclGetUniqueId(id); }
   ncclResult_t comm_init_rank_config(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
@@ -183,6 +220,9 @@ class RealNcclApi final : public NcclApi {
   }
   cudaError_t graph_destroy(cudaGraph_t graph) override { return cudaGraphDestroy(graph); }
   cudaError_t stream_synchronize(cudaStream_t s) override { return cudaStreamSynchronize(s); }
+
+ private:
+  const OptionalSymbols syms_ = find_optional_symbols();
 };
 
 }  // namespace

@@ -10,6 +10,17 @@
 
 #include "nccl_hints.h"
 
+// Older headers lack these (values as NCCL 2.27/2.28 define them).
+#ifndef NCCL_SHRINK_DEFAULT
+#define NCCL_SHRINK_DEFAULT 0x00
+#endif
+#ifndef NCCL_SHRINK_ABORT
+#define NCCL_SHRINK_ABORT 0x01
+#endif
+#ifndef NCCL_REVOKE_DEFAULT
+#define NCCL_REVOKE_DEFAULT 0x00
+#endif
+
 namespace comms::nccl {
 
 class NcclApi {
@@ -60,6 +71,17 @@ class NcclApi {
   virtual ncclResult_t comm_deregister(ncclComm_t comm, void* handle) = 0;
   virtual ncclResult_t nccl_alloc(void** ptr, size_t bytes) = 0;
   virtual ncclResult_t nccl_free(void* ptr) = 0;
+  // Elastic recovery, optional: whether the NCCL loaded at run time has
+  // ncclCommShrink (>= 2.27) / ncclCommRevoke (>= 2.28), found by dlsym and
+  // its version, never linked (an older libnccl still loads the plugin).
+  // Absent, the calls answer ncclInvalidUsage.
+  virtual bool has_shrink() { return false; }
+  virtual bool has_revoke() { return false; }
+  virtual ncclResult_t comm_shrink(ncclComm_t /*comm*/, int* /*exclude*/, int /*exclude_count*/,
+                                   ncclComm_t* /*child*/, ncclConfig_t* /*config*/, int /*flags*/) {
+    return ncclInvalidUsage;
+  }
+  virtual ncclResult_t comm_revoke(ncclComm_t /*comm*/, int /*flags*/) { return ncclInvalidUsage; }
 
   // CUDA
   virtual cudaError_t get_device_count(int* count) = 0;

@@ -49,6 +49,8 @@ class NcclBackend final : public plugin::Backend {
   }
 
   void abort(const std::string& reason) override { core_->request_abort(reason); }
+  void revoke(const std::string& reason) override { core_->request_revoke(reason); }
+  Status shrink(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) override;
 
   Status finalize() override {
     // Outstanding ops first, each bounded by its own deadline.
@@ -92,6 +94,50 @@ class NcclBackend final : public plugin::Backend {
   Watchdog watchdog_;
   bool finalized_ = false;
 };
+
+// The child's init and hints for a split or shrink: the parent's hints under
+// the call's, the parent's device, logging and timeouts where unset.
+Status child_setup(Core& core, const plugin::BackendInit& given, BackendInit* child_init, Hints* merged,
+                   TranslatedHints* translated) {
+  const BackendInit& parent = core.init();
+  {
+    std::lock_guard lock(core.mu);
+    *merged = merge_split_hints(core.raw_hints(), given.hints);
+  }
+  if (Status s = translate_hints(*merged, NCCL_VERSION_CODE, translated); !s.is_ok()) return s;
+  *child_init = given;
+  child_init->device = Device::cuda(core.device());
+  child_init->hints = *merged;
+  child_init->abort_process_on_error = parent.abort_process_on_error;
+  if (!child_init->log) child_init->log = parent.log;
+  if (child_init->init_timeout.count() <= 0) child_init->init_timeout = parent.init_timeout;
+  if (child_init->op_timeout.count() <= 0) {
+    std::lock_guard lock(core.mu);
+    child_init->op_timeout = core.op_timeout_locked();
+  }
+  return {};
+}
+
+// Native (ncclCommShrink) or not must be the same on every survivor, and a
+// survivor whose communicator was aborted (say, an op timed out before the
+// revoke came) cannot shrink: each votes through the child's store, and any
+// "no" makes every survivor return kUnsupported, so that libcomms re-creates
+// the comm (a new unique id among the survivors) everywhere.
+Status vote_native(Store& store, int child_rank, int child_size, bool mine, milliseconds timeout,
+                   bool* all) {
+  try {
+    store.set("nccl/shrink/native/" + std::to_string(child_rank), mine ? "1" : "0");
+    *all = mine;
+    for (int r = 0; r < child_size; ++r) {
+      if (store.get("nccl/shrink/native/" + std::to_string(r), timeout) != "1") *all = false;
+    }
+    return {};
+  } catch (const Error& e) {
+    return {e.code(), std::string("shrink: agreeing on ncclCommShrink through the store: ") + e.what()};
+  } catch (const std::exception& e) {
+    return {ErrorCode::kInternal, std::string("shrink: agreeing on ncclCommShrink through the store: ") + e.what()};
+  }
+}
 
 Status NcclBackend::submit(const OpDesc& op, std::unique_ptr<plugin::Work>* work) {
   if (op.hints && !op.hints->empty()) {
@@ -157,24 +203,10 @@ Status NcclBackend::split(const plugin::SplitDesc& desc, std::unique_ptr<plugin:
   // The core already merges the parent's hints into desc.child.hints;
   // merging again is idempotent and keeps the parent's options reaching the
   // child even if a caller hands in only the call's hints.
+  BackendInit child_init;
   Hints merged;
   TranslatedHints translated;
-  {
-    std::lock_guard lock(core_->mu);
-    merged = merge_split_hints(core_->raw_hints(), desc.child.hints);
-  }
-  if (Status s = translate_hints(merged, NCCL_VERSION_CODE, &translated); !s.is_ok()) return s;
-
-  BackendInit child_init = desc.child;
-  child_init.device = Device::cuda(core_->device());
-  child_init.hints = merged;
-  child_init.abort_process_on_error = parent.abort_process_on_error;
-  if (!child_init.log) child_init.log = parent.log;
-  if (child_init.init_timeout.count() <= 0) child_init.init_timeout = parent.init_timeout;
-  if (child_init.op_timeout.count() <= 0) {
-    std::lock_guard lock(core_->mu);
-    child_init.op_timeout = core_->op_timeout_locked();
-  }
+  if (Status s = child_setup(*core_, desc.child, &child_init, &merged, &translated); !s.is_ok()) return s;
   const milliseconds timeout = child_init.init_timeout;
 
   ncclComm_t child_comm = nullptr;
@@ -200,6 +232,65 @@ Status NcclBackend::split(const plugin::SplitDesc& desc, std::unique_ptr<plugin:
   auto backend = std::make_unique<NcclBackend>(child_core, options_);
   {
     std::lock_guard lock(child_core->mu);
+    child_core->set_created_by_locked("ncclCommSplit");
+    if (Status s = child_core->adopt_locked(child_comm); !s.is_ok()) return s;
+  }
+  *child = std::move(backend);
+  return {};
+}
+
+Status NcclBackend::shrink(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) {
+  child->reset();
+  const BackendInit& parent = core_->init();
+  auto it = std::find(desc.ranks.begin(), desc.ranks.end(), parent.rank);
+  if (it == desc.ranks.end() || !desc.child.store) {
+    return {ErrorCode::kInvalidArgument, "shrink: rank " + std::to_string(parent.rank) +
+                                             " is not among the survivors it was given, or no store"};
+  }
+  const int child_rank = static_cast<int>(it - desc.ranks.begin());
+  std::vector<int> exclude;
+  for (int r = 0; r < parent.size; ++r) {
+    if (std::find(desc.ranks.begin(), desc.ranks.end(), r) == desc.ranks.end()) exclude.push_back(r);
+  }
+  BackendInit child_init;
+  Hints merged;
+  TranslatedHints translated;
+  if (Status s = child_setup(*core_, desc.child, &child_init, &merged, &translated); !s.is_ok()) return s;
+  bool mine = false;
+  {
+    std::lock_guard lock(core_->mu);
+    mine = core_->can_shrink_locked();
+  }
+  bool all = false;
+  if (Status s = vote_native(*desc.child.store, child_rank, static_cast<int>(desc.ranks.size()), mine,
+                             child_init.init_timeout, &all);
+      !s.is_ok()) {
+    return s;
+  }
+  if (!all) {
+    return {ErrorCode::kUnsupported,
+            mine ? "a survivor cannot use ncclCommShrink: the comm is re-created"
+                 : "ncclCommShrink is not available (NCCL < 2.27, or the communicator was aborted): the comm is "
+                   "re-created"};
+  }
+  ncclComm_t child_comm = nullptr;
+  int flags = 0;
+  {
+    std::lock_guard lock(core_->mu);
+    if (Status s = core_->shrink_locked(exclude, translated.config, child_init.comm_name, child_init.init_timeout,
+                                        &child_comm, &flags);
+        !s.is_ok()) {
+      return s;
+    }
+  }
+  core_->log(1, "ncclCommShrink excluding " + std::to_string(exclude.size()) + " rank(s), flags " +
+                    std::to_string(flags) + ": rank " + std::to_string(child_rank) + " of " +
+                    std::to_string(desc.ranks.size()));
+  auto child_core = std::make_shared<Core>(core_->api_ptr(), child_init, merged, translated);
+  auto backend = std::make_unique<NcclBackend>(child_core, options_);
+  {
+    std::lock_guard lock(child_core->mu);
+    child_core->set_created_by_locked("ncclCommShrink");
     if (Status s = child_core->adopt_locked(child_comm); !s.is_ok()) return s;
   }
   *child = std::move(backend);

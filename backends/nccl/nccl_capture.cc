@@ -29,9 +29,7 @@ Status capture_state(NcclApi& api, cudaStream_t stream, bool* capturing) {
 
 Status Core::submit_captured_locked(const OpDesc& op, cudaStream_t stream) {
   const std::string what = std::string(plugin::op_name(op.type)) + " inside CUDA graph capture";
-  if (!failure_.is_ok()) {
-    return {ErrorCode::kAborted, what + ": the NCCL communicator failed earlier: " + failure_.message};
-  }
+  if (!failure_.is_ok()) return failed_earlier(what);
   if (abort_requested_) return {ErrorCode::kAborted, what + ": the comm was aborted"};
   if (!comm_) {
     // Connecting exchanges the unique id through the store and allocates

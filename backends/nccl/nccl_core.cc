@@ -31,10 +31,11 @@ void Core::log(int level, const std::string& msg) const {
 }
 
 Status Core::settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline,
-                    std::string_view what) {
+                    std::string_view what, bool stop_on_revoke) {
   auto sleep = std::chrono::microseconds(10);
   while (r == ncclInProgress) {
     if (abort_requested_) return {ErrorCode::kAborted, std::string(what) + ": comm aborted"};
+    if (stop_on_revoke && revoke_requested_) return {ErrorCode::kRevoked, std::string(what) + ": comm revoked"};
     if (Clock::now() >= deadline) {
       return {ErrorCode::kTimeout, std::string(what) + " did not complete before the deadline"};
     }
@@ -62,6 +63,10 @@ std::string Core::describe_locked() const {
   else j["compute_capability"] = nullptr;
   j["initialized"] = comm_ != nullptr;
   j["failed"] = failure_.is_ok() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(failure_.message);
+  j["created_by"] = comm_ ? nlohmann::ordered_json(created_by_) : nlohmann::ordered_json(nullptr);
+  j["revoked"] = revoked_;
+  j["native_shrink"] = api_->has_shrink();
+  j["native_revoke"] = api_->has_revoke();
   j["nccl_config"] = nlohmann::ordered_json::parse(config_json(effective_fields()));
   nlohmann::ordered_json prio;
   prio["class"] = hints_.priority == StreamPriority::kHigh ? "high" : "default";

@@ -7,6 +7,7 @@
 //   nccl_registration.cc  registered buffers (ncclCommRegister)
 //   nccl_work.cc       completion, deadlines and failure (the watchdog's round)
 //   nccl_teardown.cc   finalize, abort and destroy
+//   nccl_shrink.cc     elastic recovery: revoke and native shrink
 //   nccl_core.cc       construction, settling NCCL calls, describe, memory
 // Methods named *_locked need `mu` held.
 #pragma once
@@ -106,6 +107,33 @@ class Core {
   // the rest fail, and the communicator is aborted (never waits on a peer).
   void destroy_locked();
 
+  // --- elastic recovery (nccl_shrink.cc) ---
+  // Fails every outstanding and later op with kRevoked. With ncclCommRevoke
+  // (and a communicator that is up and healthy) the communicator is revoked
+  // and kept, for shrink_locked; otherwise it is aborted as by abort().
+  void request_revoke(const std::string& reason);
+  bool revoked_locked() const { return revoked_; }
+  // What made the communicator ("ncclCommInitRankConfig", "ncclCommSplit",
+  // "ncclCommShrink"), for describe().
+  void set_created_by_locked(const char* how) { created_by_ = how; }
+  // Whether ncclCommShrink can run on the communicator: the loaded NCCL has
+  // it and the communicator exists (healthy, or revoked), not aborted.
+  bool can_shrink_locked();
+  // ncclCommShrink excluding `exclude` (parent ranks), with
+  // NCCL_SHRINK_ABORT on a revoked parent, NCCL_SHRINK_DEFAULT on a healthy
+  // one (a planned shrink). The parent stays as it is (revoked or usable):
+  // it is aborted or finalized with its backend, never here. *flags: the
+  // flag used.
+  Status shrink_locked(std::vector<int> exclude, const NcclConfigFields& child_fields,
+                       const std::string& child_name, std::chrono::milliseconds timeout,
+                       ncclComm_t* child, int* flags);
+  // "<what>: the NCCL communicator failed earlier: ...", coded kRevoked
+  // after a revoke, else kAborted.
+  Status failed_earlier(const std::string& what) const {
+    return {failure_.code == ErrorCode::kRevoked ? ErrorCode::kRevoked : ErrorCode::kAborted,
+            what + (what.empty() ? "" : ": ") + "the NCCL communicator failed earlier: " + failure_.message};
+  }
+
   // --- state (nccl_core.cc) ---
   std::string describe_locked() const;
   // Bytes in use on the comm's device (cudaMemGetInfo: total - free), -1 if
@@ -122,7 +150,10 @@ class Core {
 
   // A non-blocking communicator answers ncclInProgress until the call took
   // effect; poll it (bounded) so that nothing after it runs too early.
-  Status settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline, std::string_view what);
+  // A revoke interrupts it too unless `stop_on_revoke` is false (settling the
+  // revoked communicator itself, or its shrink).
+  Status settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline, std::string_view what,
+                bool stop_on_revoke = true);
 
  private:
   Status exchange_unique_id(ncclUniqueId* id);
@@ -150,6 +181,9 @@ class Core {
   std::shared_ptr<EventPool> events_;
   Status failure_;
   std::atomic<bool> abort_requested_{false};
+  std::atomic<bool> revoke_requested_{false};
+  bool revoked_ = false;  // comm_ is revoked (ncclCommRevoke), not aborted
+  const char* created_by_ = "ncclCommInitRankConfig";
 };
 
 }  // namespace comms::nccl

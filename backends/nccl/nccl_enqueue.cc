@@ -385,9 +385,7 @@ Status Core::enqueue_locked(const OpDesc& op, Clock::time_point deadline, cudaSt
 }
 
 Status Core::submit_locked(const OpDesc& op, std::shared_ptr<WorkState>* out_work) {
-  if (!failure_.is_ok()) {
-    return {ErrorCode::kAborted, "the NCCL communicator failed earlier: " + failure_.message};
-  }
+  if (!failure_.is_ok()) return failed_earlier("");
   if (abort_requested_) return {ErrorCode::kAborted, "the comm was aborted"};
   const milliseconds timeout = op.timeout.count() > 0 ? op.timeout : op_timeout_;
   const auto deadline = Clock::now() + timeout;

@@ -10,6 +10,9 @@ Status Core::release_locked(bool graceful) {
   std::vector<std::string> errors;
   if (comm_) {
     DeviceGuard guard(*api_, device_);
+    // A revoked communicator is only ever aborted: ncclCommFinalize after
+    // ncclCommRevoke is invalid, and a peer may still be stuck in it.
+    if (revoked_) graceful = false;
     // Handles the caller left registered; an abort releases them with the comm.
     if (graceful) deregister_all_locked(&errors);
     registered_.clear();
@@ -29,6 +32,7 @@ Status Core::release_locked(bool graceful) {
       errors.push_back(std::string("ncclCommAbort failed: ") + api_->error_string(a));
     }
     comm_ = nullptr;
+    revoked_ = false;
   }
   if (scratch_) {
     if (cudaError_t e = api_->free_device(scratch_); e != cudaSuccess) {

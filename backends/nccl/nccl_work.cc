@@ -79,7 +79,7 @@ void Core::fail_locked(Status cause, WorkState* culprit) {
     registered_.clear();  // released with the aborted communicator
   }
   log(3, cause.message);
-  if (init_.abort_process_on_error && cause.code != ErrorCode::kAborted) {
+  if (init_.abort_process_on_error && cause.code != ErrorCode::kAborted && cause.code != ErrorCode::kRevoked) {
     log(3, "abort_process_on_error is set: aborting the process");
     std::abort();
   }
@@ -88,6 +88,15 @@ void Core::fail_locked(Status cause, WorkState* culprit) {
 void Core::request_abort(const std::string& reason) {
   abort_requested_ = true;
   std::lock_guard lock(mu);
+  if (revoked_ && comm_) {
+    // Revoked earlier (failure_ is set, so fail_locked would keep it): abort now.
+    if (ncclResult_t r = api_->comm_abort(comm_); !accepted(r)) {
+      log(3, std::string("ncclCommAbort failed: ") + api_->error_string(r));
+    }
+    comm_ = nullptr;
+    revoked_ = false;
+    registered_.clear();
+  }
   fail_locked({ErrorCode::kAborted, "comm aborted: " + reason}, nullptr);
 }
 

@@ -198,8 +198,11 @@ void Comm::Impl::revoke_local(const std::string& reason) {
     s.failure = reason;  // the error's code already says "revoked"
     s.state = BackendState::kFailed;
     if (st == BackendState::kFailed || !s.backend) continue;  // aborted when it failed
-    const Status called = internal::call_plugin(s.plugin->name, "abort", [&] {
-      s.backend->abort(str::cat("revoked: ", reason));
+    // ABI 2.4 plugins get revoke(), which may keep what their native shrink needs.
+    const bool has_revoke = plugin::abi_minor(s.plugin->descriptor->abi_version) >= 4;
+    const Status called = internal::call_plugin(s.plugin->name, has_revoke ? "revoke" : "abort", [&] {
+      if (has_revoke) s.backend->revoke(str::cat("revoked: ", reason));
+      else s.backend->abort(str::cat("revoked: ", reason));
       return Status{};
     });
     if (!called.is_ok()) log::error(str::cat(prefix(), " revoke: ", called.message));

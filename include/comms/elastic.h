@@ -64,8 +64,9 @@ struct Agreement {
 
 // Marks the comm revoked here and tells every other rank through the store:
 // each rank's pending ops (once the revocation reached it) and all its later
-// ops on the comm fail with ErrorCode::kRevoked. The backends are aborted,
-// not destroyed (a rank may be stuck in them). Idempotent; any thread.
+// ops on the comm fail with ErrorCode::kRevoked. The backends are revoked
+// (aborted, or NCCL's ncclCommRevoke), never destroyed (a rank may be stuck
+// in them). Idempotent; any thread.
 COMMS_API void revoke(Comm& comm, const std::string& reason = "revoke() called");
 COMMS_API bool is_revoked(const Comm& comm);
 

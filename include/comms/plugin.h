@@ -87,8 +87,9 @@
 // 2.2: registered buffers (Backend::register_buffer/deregister_buffer,
 //      PluginDescriptor::features, mem_alloc, mem_free; issue 27).
 // 2.3: Backend::shrink (elastic recovery; see the block marked ABI 2.3 below).
+// 2.4: Backend::revoke (elastic recovery; see the block marked ABI 2.4 below).
 #define COMMS_PLUGIN_ABI_MAJOR 2u
-#define COMMS_PLUGIN_ABI_MINOR 3u
+#define COMMS_PLUGIN_ABI_MINOR 4u
 #define COMMS_PLUGIN_ABI_VERSION ((COMMS_PLUGIN_ABI_MAJOR << 16) | COMMS_PLUGIN_ABI_MINOR)
 #define COMMS_PLUGIN_ENTRY_SYMBOL "comms_plugin_entry"
 // Put on comms_plugin_entry: plugins are built with hidden visibility.
@@ -273,6 +274,15 @@ class Backend {
     return Status(ErrorCode::kUnsupported, "no native shrink");
   }
   // ---- end of ABI 2.3 ---------------------------------------------------------
+
+  // ---- ABI 2.4 (elastic recovery) -------------------------------------------
+  // Like abort() (every in-flight and future op fails, promptly; every
+  // blocked thread wakes), but for a comm being revoked: ops fail with
+  // kRevoked, and the backend may keep what a later shrink() of this backend
+  // needs (NCCL: ncclCommRevoke instead of ncclCommAbort). The default is
+  // abort(). Called only on plugins of ABI >= 2.4 (older ones get abort()).
+  virtual void revoke(const std::string& reason) { abort(reason); }
+  // ---- end of ABI 2.4 ---------------------------------------------------------
 };
 
 constexpr uint32_t op_bit(OpType t) { return 1u << static_cast<unsigned>(t); }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -199,6 +200,36 @@ TEST_F(CommContract, ABufferOnAnotherCudaDeviceIsRefusedBeforeThePluginSeesTheOp
     // The comm's own device still reaches the plugin.
     c->all_reduce(BufferView{&x, 1, DataType::kFloat32, Device::cuda(0)}, ReduceOp::sum());
     EXPECT_GT(plugin_op_calls(*c), before);
+  }
+}
+
+// comms::revoke reaches Backend::revoke on a plugin of ABI >= 2.4, and abort()
+// on an older one (whose vtable has no revoke slot).
+TEST_F(CommContract, RevokeCallsRevokeOnAbi24PluginsAndAbortOnOlderOnes) {
+  setenv("COMMS_BACKEND_LIB_FAKEGPU23", TEST_FAKEGPU23_PLUGIN, 1);
+  std::vector<std::shared_ptr<Comm>> keep;  // a comm's end may abort its backend: none ends here
+  const auto counts = [&](const std::string& backend, const std::string& name) {
+    CommOptions o;
+    o.rank = 0;
+    o.world_size = 1;
+    keep.push_back(new_comm("cuda:" + backend, std::nullopt, name, o));
+    const auto j = nlohmann::json::parse(keep.back()->describe())["backends"]["cuda"]["config"];
+    return std::make_pair(j.at("aborts").get<int>(), j.at("revokes").get<int>());
+  };
+  for (const std::string backend : {"fakegpu", "fakegpu23"}) {
+    const auto before = counts(backend, "revoke-before-" + backend);
+    CommOptions o;
+    o.rank = 0;
+    o.world_size = 1;
+    auto c = new_comm("cuda:" + backend, std::nullopt, "revoke-" + backend, o);
+    comms::revoke(*c, "contract test");
+    EXPECT_TRUE(comms::is_revoked(*c));
+    const auto after = counts(backend, "revoke-after-" + backend);
+    if (backend == "fakegpu") {
+      EXPECT_EQ(after, std::make_pair(before.first, before.second + 1)) << backend;
+    } else {
+      EXPECT_EQ(after, std::make_pair(before.first + 1, before.second)) << backend;
+    }
   }
 }
 

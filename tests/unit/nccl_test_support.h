@@ -42,6 +42,7 @@ struct NcclCall {
   int root_or_peer = -1;
   cudaStream_t stream = nullptr;
   bool captured = false;  // recorded into a graph instead of running
+  ncclComm_t comm = nullptr;  // the communicator (NCCL ops, shrink, revoke, abort, destroy)
 };
 
 // What a fake CUDA graph holds, in capture order: NCCL calls, event records
@@ -77,6 +78,10 @@ class FakeNcclApi final : public NcclApi {
   // cudaMemGetInfo per device (indexed by device); mem_info_error fails it.
   std::vector<size_t> mem_total, mem_free;
   cudaError_t mem_info_error = cudaSuccess;
+  // Whether the "loaded NCCL" has ncclCommShrink / ncclCommRevoke.
+  bool shrink_available = true;
+  bool revoke_available = true;
+  ncclResult_t shrink_result = ncclSuccess;
 
   // --- observations ---
   std::vector<NcclCall> calls;
@@ -89,6 +94,15 @@ class FakeNcclApi final : public NcclApi {
   std::vector<CapturedConfig> init_configs;
   std::vector<CapturedConfig> split_configs;
   std::vector<std::pair<int, int>> split_color_key;
+  struct ShrinkCall {
+    ncclComm_t parent = nullptr;
+    std::vector<int> exclude;
+    int flags = -1;
+    CapturedConfig config;
+    ncclComm_t child = nullptr;
+  };
+  std::vector<ShrinkCall> shrinks;
+  std::vector<ncclComm_t> revoked_comms, aborted_comms, destroyed_comms, created_comms;
   std::vector<int> stream_priorities;
   int events_created = 0;
   std::vector<std::pair<cudaStream_t, cudaEvent_t>> stream_waits;
@@ -120,8 +134,9 @@ class FakeNcclApi final : public NcclApi {
     std::lock_guard l(mu_);
     init_configs.push_back(capture(*config));
     *comm = next_comm();
+    created_comms.push_back(*comm);
     pending_ = in_progress_polls;
-    record("comm_init");
+    record("comm_init", *comm);
     return ncclInProgress;
   }
   ncclResult_t comm_split(ncclComm_t, int color, int key, ncclComm_t* child,
@@ -159,17 +174,19 @@ class FakeNcclApi final : public NcclApi {
     pending_ = in_progress_polls;
     return ncclInProgress;
   }
-  ncclResult_t comm_destroy(ncclComm_t) override {
+  ncclResult_t comm_destroy(ncclComm_t comm) override {
     std::lock_guard l(mu_);
     ++destroys;
-    record("comm_destroy");
+    destroyed_comms.push_back(comm);
+    record("comm_destroy", comm);
     return destroy_result;
   }
-  ncclResult_t comm_abort(ncclComm_t) override {
+  ncclResult_t comm_abort(ncclComm_t comm) override {
     std::lock_guard l(mu_);
     ++aborts;
+    aborted_comms.push_back(comm);
     pending_ = 0;
-    record("comm_abort");
+    record("comm_abort", comm);
     return ncclSuccess;
   }
   const char* error_string(ncclResult_t r) override {
@@ -209,50 +226,50 @@ class FakeNcclApi final : public NcclApi {
     return ncclSuccess;
   }
   ncclResult_t all_reduce(const void* in, void* out, size_t n, ncclDataType_t dt, ncclRedOp_t op,
-                          ncclComm_t,
+                          ncclComm_t comm,
                     cudaStream_t s) override {
-    return op_call("all_reduce", in, out, n, dt, op, -1, s);
+    return op_call("all_reduce", in, out, n, dt, op, -1, s, comm);
   }
   ncclResult_t reduce(const void* in, void* out, size_t n, ncclDataType_t dt, ncclRedOp_t op,
-                      int root, ncclComm_t,
+                      int root, ncclComm_t comm,
                     cudaStream_t s) override {
-    return op_call("reduce", in, out, n, dt, op, root, s);
+    return op_call("reduce", in, out, n, dt, op, root, s, comm);
   }
   ncclResult_t broadcast(const void* in, void* out, size_t n, ncclDataType_t dt, int root,
-                         ncclComm_t,
+                         ncclComm_t comm,
                     cudaStream_t s) override {
-    return op_call("broadcast", in, out, n, dt, ncclSum, root, s);
+    return op_call("broadcast", in, out, n, dt, ncclSum, root, s, comm);
   }
-  ncclResult_t all_gather(const void* in, void* out, size_t n, ncclDataType_t dt, ncclComm_t,
+  ncclResult_t all_gather(const void* in, void* out, size_t n, ncclDataType_t dt, ncclComm_t comm,
                     cudaStream_t s) override {
-    return op_call("all_gather", in, out, n, dt, ncclSum, -1, s);
+    return op_call("all_gather", in, out, n, dt, ncclSum, -1, s, comm);
   }
   ncclResult_t reduce_scatter(const void* in, void* out, size_t n, ncclDataType_t dt,
-                              ncclRedOp_t op, ncclComm_t,
+                              ncclRedOp_t op, ncclComm_t comm,
                     cudaStream_t s) override {
-    return op_call("reduce_scatter", in, out, n, dt, op, -1, s);
+    return op_call("reduce_scatter", in, out, n, dt, op, -1, s, comm);
   }
-  ncclResult_t all_to_all(const void* in, void* out, size_t n, ncclDataType_t dt, ncclComm_t,
+  ncclResult_t all_to_all(const void* in, void* out, size_t n, ncclDataType_t dt, ncclComm_t comm,
                     cudaStream_t s) override {
-    return op_call("all_to_all", in, out, n, dt, ncclSum, -1, s);
+    return op_call("all_to_all", in, out, n, dt, ncclSum, -1, s, comm);
   }
   ncclResult_t gather(const void* in, void* out, size_t n, ncclDataType_t dt, int root,
-                      ncclComm_t,
+                      ncclComm_t comm,
                     cudaStream_t s) override {
-    return op_call("gather", in, out, n, dt, ncclSum, root, s);
+    return op_call("gather", in, out, n, dt, ncclSum, root, s, comm);
   }
   ncclResult_t scatter(const void* in, void* out, size_t n, ncclDataType_t dt, int root,
-                       ncclComm_t,
+                       ncclComm_t comm,
                     cudaStream_t s) override {
-    return op_call("scatter", in, out, n, dt, ncclSum, root, s);
+    return op_call("scatter", in, out, n, dt, ncclSum, root, s, comm);
   }
-  ncclResult_t send(const void* buf, size_t n, ncclDataType_t dt, int peer, ncclComm_t,
+  ncclResult_t send(const void* buf, size_t n, ncclDataType_t dt, int peer, ncclComm_t comm,
                     cudaStream_t s) override {
-    return op_call("send", buf, nullptr, n, dt, ncclSum, peer, s);
+    return op_call("send", buf, nullptr, n, dt, ncclSum, peer, s, comm);
   }
-  ncclResult_t recv(void* buf, size_t n, ncclDataType_t dt, int peer, ncclComm_t,
+  ncclResult_t recv(void* buf, size_t n, ncclDataType_t dt, int peer, ncclComm_t comm,
                     cudaStream_t s) override {
-    return op_call("recv", nullptr, buf, n, dt, ncclSum, peer, s);
+    return op_call("recv", nullptr, buf, n, dt, ncclSum, peer, s, comm);
   }
   ncclResult_t comm_register(ncclComm_t, void* buf, size_t bytes, void** handle) override {
     std::lock_guard l(mu_);
@@ -275,6 +292,41 @@ class FakeNcclApi final : public NcclApi {
   ncclResult_t nccl_free(void* ptr) override {
     std::lock_guard l(mu_);
     return allocations.erase(ptr) ? ncclSuccess : ncclInvalidArgument;
+  }
+
+  // ncclCommShrink / ncclCommRevoke, when `*_available`. A shrink writes the
+  // child at once and leaves the parent and the child in progress for
+  // in_progress_polls polls; a revoke leaves the comm in progress (until
+  // quiescent) as NCCL 2.28 does.
+  bool has_shrink() override { return shrink_available; }
+  bool has_revoke() override { return revoke_available; }
+  ncclResult_t comm_shrink(ncclComm_t comm, int* exclude, int n, ncclComm_t* child, ncclConfig_t* config,
+                           int flags) override {
+    std::lock_guard l(mu_);
+    if (!shrink_available) return ncclInvalidUsage;
+    ShrinkCall c;
+    c.parent = comm;
+    c.exclude.assign(exclude, exclude + n);
+    c.flags = flags;
+    c.config = capture(*config);
+    record("comm_shrink", comm);
+    if (shrink_result != ncclSuccess) {
+      shrinks.push_back(c);
+      return shrink_result;
+    }
+    *child = c.child = next_comm();
+    created_comms.push_back(*child);
+    shrinks.push_back(c);
+    pending_ = in_progress_polls;
+    return ncclSuccess;
+  }
+  ncclResult_t comm_revoke(ncclComm_t comm, int flags) override {
+    std::lock_guard l(mu_);
+    if (!revoke_available || flags != NCCL_REVOKE_DEFAULT) return ncclInvalidUsage;
+    revoked_comms.push_back(comm);
+    record("comm_revoke", comm);
+    pending_ = in_progress_polls;
+    return ncclSuccess;
   }
 
   cudaError_t get_device_count(int* n) override { *n = device_count; return cudaSuccess; }
@@ -510,11 +562,17 @@ class FakeNcclApi final : public NcclApi {
     return out;
   }
   ncclComm_t next_comm() { return reinterpret_cast<ncclComm_t>(next_handle_++); }
-  void record(const char* name) { calls.push_back(NcclCall{name}); }
+  void record(const char* name, ncclComm_t comm = nullptr) {
+    NcclCall c{name};
+    c.comm = comm;
+    calls.push_back(c);
+  }
   ncclResult_t op_call(const char* name, const void* in, const void* out, size_t n,
-                       ncclDataType_t dt, ncclRedOp_t op, int root, cudaStream_t s) {
+                       ncclDataType_t dt, ncclRedOp_t op, int root, cudaStream_t s,
+                       ncclComm_t comm = nullptr) {
     std::lock_guard l(mu_);
     NcclCall call{name, in, out, n, dt, op, root, s};
+    call.comm = comm;
     Capture* c = capture_of(s);
     call.captured = c != nullptr;
     if (record_calls) calls.push_back(call);

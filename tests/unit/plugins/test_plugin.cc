@@ -21,7 +21,9 @@
 //   left, as a real backend releases them with its communicator.
 //   describe() says how many op calls (init, submit, supports_reduction) the
 //   process's fakegpu backends saw, so a test can show the core refused an op
-//   before any of them.
+//   before any of them, and how many abort() and revoke() calls (ABI 2.4)
+//   they got. TEST_PLUGIN_ABI_WORD sets the declared abi_version (an older
+//   minor's vtable still has every slot: libcomms must not call past it).
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -39,6 +41,9 @@
 #ifndef TEST_PLUGIN_VERSION
 #define TEST_PLUGIN_VERSION "0.0-test"
 #endif
+#ifndef TEST_PLUGIN_ABI_WORD
+#define TEST_PLUGIN_ABI_WORD COMMS_PLUGIN_ABI_VERSION
+#endif
 
 namespace {
 
@@ -48,6 +53,7 @@ const char* const kKeys[] = {"interface",   "min_ctas",      "fail_finalize", "l
 constexpr int64_t kOthersBytes = 1 << 20;
 std::atomic<int64_t> g_device_bytes{0};
 std::atomic<int> g_op_calls{0};
+std::atomic<int> g_aborts{0}, g_revokes{0};
 std::atomic<int> g_registered{0};  // live register_buffer handles of every fakegpu backend
 
 std::string hint(const comms::Hints& h, const std::string& key) {
@@ -145,7 +151,8 @@ class FakeBackend : public comms::plugin::Backend {
     fault_at(init_.hints, "set_timeout");
     return {};
   }
-  void abort(const std::string&) override {}
+  void abort(const std::string&) override { ++g_aborts; }
+  void revoke(const std::string&) override { ++g_revokes; }
   comms::Status finalize() override {
     auto it = init_.hints.find("fail_finalize");
     if (it != init_.hints.end() && it->second == "1") {
@@ -160,7 +167,9 @@ class FakeBackend : public comms::plugin::Backend {
   std::string describe() const override {
     fault_at(init_.hints, "describe");
     std::string j = "{\"fake\":true,\"op_calls\":" + std::to_string(g_op_calls.load()) +
-                    ",\"registered\":" + std::to_string(g_registered.load()) + ",\"hints\":{";
+                    ",\"registered\":" + std::to_string(g_registered.load()) +
+                    ",\"aborts\":" + std::to_string(g_aborts.load()) +
+                    ",\"revokes\":" + std::to_string(g_revokes.load()) + ",\"hints\":{";
     bool first = true;
     for (const auto& [k, v] : init_.hints) {
       j += (first ? "\"" : ",\"") + k + "\":\"" + v + "\"";
@@ -207,6 +216,7 @@ comms::Status create(const comms::plugin::BackendInit& init, std::unique_ptr<com
 
 extern "C" COMMS_PLUGIN_EXPORT const comms::plugin::PluginDescriptor* comms_plugin_entry() {
   static const comms::plugin::PluginDescriptor d = {
+      .abi_version = TEST_PLUGIN_ABI_WORD,
       .name = TEST_PLUGIN_NAME,
       .version = TEST_PLUGIN_VERSION,
       .device_types = comms::plugin::device_bit(comms::DeviceType::kCuda),
