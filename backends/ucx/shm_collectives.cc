@@ -31,12 +31,13 @@ using plugin::OpType;
 
 namespace {
 
-struct Header {
-  uint64_t bytes;
-  uint64_t op;
-};
-constexpr size_t kHeaderBytes = 64;  // a cache line: the data starts aligned
-constexpr size_t kSlotBytes = kHeaderBytes + ShmCollectives::kMaxBytes;
+constexpr size_t kHeaderBytes = 16;  // the data: 16-byte aligned, enough for every dtype
+constexpr size_t kSlotBytes = (kHeaderBytes + ShmCollectives::kMaxBytes + 63) / 64 * 64;
+// Looks at the flags between pauses (a pause is ~25 ns here) before the
+// wait reads the clock, checks the peers and may yield: a peer a few
+// hundred ns behind is seen as soon as it publishes.
+constexpr int kFastPolls = 64;
+constexpr int kPollsPerCheck = 32;
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -46,14 +47,23 @@ void relax() { __builtin_ia32_pause(); }
 
 }  // namespace
 
-// The segment: the bell, then one RankFlags per rank, then two slots per rank.
+// The segment: the bell, then one RankFlags per rank, then kDepth slots per rank.
 struct alignas(64) ShmCollectives::Bell {
   std::atomic<uint32_t> word;  // bumped by a publish that finds sleepers; the futex word
   std::atomic<int32_t> sleepers;
 };
+// The first bytes of each slot. `op` is the flag readers wait on: the
+// data follows in the same cache line, so a payload of up to 48 B reaches a
+// reader as one line, and the op number with it.
+struct ShmCollectives::Header {
+  std::atomic<uint64_t> op;  // the last op whose data is in the slot; stored after the data
+  uint64_t bytes;            // that op's bytes per block (CountMismatch)
+};
 struct alignas(64) ShmCollectives::RankFlags {
-  std::atomic<uint64_t> arrived;  // the last op this rank entered (its slot filled)
-  std::atomic<uint64_t> done;     // the last op this rank finished reading
+  // The last broadcast this rank finished reading as a non-root (or op
+  // that threw): the root of a broadcast waits for no one, so its reuse
+  // guard needs this; every other op proves itself (see reuse_guard).
+  std::atomic<uint64_t> done;
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the flags are shared between processes");
@@ -115,13 +125,12 @@ ShmCollectives::ShmCollectives(UcxTransport& transport, void* base, size_t bytes
       bytes_(bytes),
       bell_(static_cast<Bell*>(base)),
       flags_(reinterpret_cast<RankFlags*>(static_cast<unsigned char*>(base) + 64)),
-      slots_(static_cast<unsigned char*>(base) + head_bytes(transport.size())) {
+      slots_(static_cast<unsigned char*>(base) + head_bytes(transport.size())),
+      seen_(static_cast<size_t>(transport.size()), 0) {
   set_spin(settings);
 }
 
 ShmCollectives::~ShmCollectives() { ::munmap(base_, bytes_); }
-
-ShmCollectives::Reading::~Reading() { s.publish(s.flags_[s.rank_].done, op); }
 
 // As the UCX waits. (A pure spin for the whole window, without yields, was
 // tried: when both ranks landed on one core each op cost the window, 212 us
@@ -152,28 +161,45 @@ unsigned char* ShmCollectives::slot(int rank, uint64_t op) const {
 
 void ShmCollectives::write_slot(uint64_t op, const void* data, size_t bytes, size_t block_bytes) {
   unsigned char* s = slot(rank_, op);
-  const Header h{block_bytes, op};
-  std::memcpy(s, &h, sizeof h);
+  auto* h = reinterpret_cast<Header*>(s);
+  h->bytes = block_bytes;
   if (bytes) std::memcpy(s + kHeaderBytes, data, bytes);
+  publish(h->op, op);
+}
+
+ShmCollectives::Header* ShmCollectives::header(int rank, uint64_t op) const {
+  static_assert(sizeof(Header) <= kHeaderBytes, "the data follows the header");
+  return reinterpret_cast<Header*>(slot(rank, op));
 }
 
 void ShmCollectives::check_lengths(uint64_t op, size_t block_bytes, int only_peer) const {
   for (int p = 0; p < size_; ++p) {
     if (only_peer >= 0 && p != only_peer) continue;
-    Header h;
-    std::memcpy(&h, slot(p, op), sizeof h);
-    if (h.bytes == block_bytes && h.op == op) continue;
+    const Header& h = *header(p, op);
+    const uint64_t h_op = h.op.load(std::memory_order_relaxed);
+    if (h.bytes == block_bytes && h_op == op) continue;
     throw CountMismatch(p, "ranks passed different counts: rank " + std::to_string(rank_) + " expects " +
                                std::to_string(block_bytes) + " bytes from each peer, rank " + std::to_string(p) +
-                               (h.op == op ? " sent " + std::to_string(h.bytes) : " sent a message of another op") +
+                               (h_op == op ? " sent " + std::to_string(h.bytes) : " sent a message of another op") +
                                " (every rank must pass the same count and dtype)");
   }
 }
 
-// seq_cst store, then the sleepers load: a waiter either sees the flag or
-// is counted here (it counts itself before its last look at the flag).
+// The store, a full fence, then the sleepers load: a waiter either sees
+// the flag or is counted there (it counts itself before its last look at
+// the flag). The fence waits until the store has left this core, so it
+// is deferred (ring_if_sleepers) until the op ends or this rank's own wait
+// stops polling: by then the store is out and the fence is cheap, and a
+// sleeper is still woken without a slice's delay.
 void ShmCollectives::publish(std::atomic<uint64_t>& flag, uint64_t op) {
-  flag.store(op);
+  flag.store(op, std::memory_order_release);
+  ring_pending_ = true;
+}
+
+void ShmCollectives::ring_if_sleepers() {
+  if (!ring_pending_) return;
+  ring_pending_ = false;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   if (bell_->sleepers.load() > 0) {
     bell_->word.fetch_add(1);
     futex(&bell_->word, FUTEX_WAKE, INT_MAX, nullptr);
@@ -181,7 +207,7 @@ void ShmCollectives::publish(std::atomic<uint64_t>& flag, uint64_t op) {
 }
 
 template <class Ready>
-void ShmCollectives::wait_until(Ready ready, int only_peer, Clock::time_point deadline, const char* what) {
+void ShmCollectives::wait_until(Ready ready, int only_peer, Deadline& deadline, const char* what) {
   auto missing = [&] {
     if (only_peer >= 0) return ready(only_peer) ? -1 : only_peer;
     for (int p = 0; p < size_; ++p) {
@@ -191,15 +217,25 @@ void ShmCollectives::wait_until(Ready ready, int only_peer, Clock::time_point de
   };
   int p = missing();
   if (p < 0) return;
+  const bool yielding = yield_.load(std::memory_order_relaxed);
+  const int64_t spin_us = spin_us_.load(std::memory_order_relaxed);
+  if (spin_forever_.load(std::memory_order_relaxed) ||
+      (spin_us > 0 && (!yielding || yield_after_us_.load(std::memory_order_relaxed) > 0))) {
+    for (int i = 0; i < kFastPolls; ++i) {
+      relax();
+      if ((p = missing()) < 0) return;
+    }
+  }
+  ring_if_sleepers();  // this rank may now yield or sleep: its peers must not wait on its publish
   const auto start = Clock::now();
-  const auto spin_until = start + std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
+  const auto spin_until = start + std::chrono::microseconds(spin_us);
   const auto yield_from = start + std::chrono::microseconds(yield_after_us_.load(std::memory_order_relaxed));
   for (;;) {
     if (aborted_.load(std::memory_order_relaxed)) {
       throw TransportError(Kind::kAborted, p, std::string(what) + " (shared memory) aborted");
     }
     const auto now = Clock::now();
-    if (now >= deadline) {
+    if (now >= deadline.at(now)) {
       throw TransportError(Kind::kTimeout, p,
                            std::string(what) + " with rank " + std::to_string(p) + " (shared memory) timed out");
     }
@@ -214,13 +250,19 @@ void ShmCollectives::wait_until(Ready ready, int only_peer, Clock::time_point de
     // A peer may be waiting in UCX for a send this rank left in flight.
     const bool sending = t_.progress_in_flight();
     if (spin_forever_.load(std::memory_order_relaxed) || now < spin_until) {
-      if (yield_.load(std::memory_order_relaxed) && now >= yield_from) sched_yield();
-      else for (int i = 0; i < 16; ++i) relax();
+      if (yielding && now >= yield_from) {
+        sched_yield();
+      } else {
+        for (int i = 0; i < kPollsPerCheck; ++i) {
+          relax();
+          if (missing() < 0) return;
+        }
+      }
     } else {
       bell_->sleepers.fetch_add(1);
       const uint32_t bell = bell_->word.load();
       if (missing() >= 0) {
-        const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
+        const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.at(now) - now);
         // With sends in flight, wake soon to progress them.
         const auto slice = std::min<std::chrono::nanoseconds>(
             left, sending ? std::chrono::milliseconds(1) : std::chrono::milliseconds(kSliceMs));
@@ -234,14 +276,28 @@ void ShmCollectives::wait_until(Ready ready, int only_peer, Clock::time_point de
   }
 }
 
-void ShmCollectives::wait_arrived(uint64_t op, int only_peer, Clock::time_point deadline) {
-  wait_until([&](int p) { return flags_[p].arrived.load(std::memory_order_acquire) >= op; }, only_peer,
+void ShmCollectives::wait_arrived(uint64_t op, int only_peer, Deadline& deadline) {
+  wait_until([&](int p) { return header(p, op)->op.load(std::memory_order_acquire) >= op; }, only_peer,
              deadline, "waiting for the data");
+  for (int p = 0; p < size_; ++p) {
+    if (only_peer < 0 || p == only_peer) seen_[static_cast<size_t>(p)] = op;
+  }
 }
 
-void ShmCollectives::wait_done(uint64_t op, Clock::time_point deadline) {
-  wait_until([&](int p) { return flags_[p].done.load(std::memory_order_acquire) >= op; }, -1, deadline,
-             "waiting for a slot to be read");
+// A peer that published op m has finished every op before m, its reading
+// included; one that published done has finished reading that op.
+void ShmCollectives::reuse_guard(uint64_t op, Deadline& deadline) {
+  if (op <= kDepth) return;
+  const uint64_t last = op - kDepth;
+  wait_until(
+      [&](int p) {
+        return seen_[static_cast<size_t>(p)] > last || flags_[p].done.load(std::memory_order_acquire) >= last;
+      },
+      -1, deadline, "waiting for a slot to be read");
+}
+
+ShmCollectives::Reading::~Reading() {
+  if (always || std::uncaught_exceptions() > exceptions) s.publish(s.flags_[s.rank_].done, op);
 }
 
 void ShmCollectives::abort() {
@@ -251,7 +307,13 @@ void ShmCollectives::abort() {
 }
 
 void ShmCollectives::run(const plugin::OpDesc& op) {
-  const auto deadline = Clock::now() + op.timeout;
+  Deadline deadline{op.timeout};
+  // Whatever the op published, a sleeping peer hears of it before this
+  // returns (or throws).
+  struct Ring {
+    ShmCollectives& s;
+    ~Ring() { s.ring_if_sleepers(); }
+  } ring{*this};
   switch (op.type) {
     case OpType::kBarrier: return barrier(deadline);
     case OpType::kBroadcast: return broadcast(op, deadline);
@@ -262,27 +324,21 @@ void ShmCollectives::run(const plugin::OpDesc& op) {
   }
 }
 
-void ShmCollectives::barrier(Clock::time_point deadline) {
-  const uint64_t k = ++ops_;
-  publish(flags_[rank_].arrived, k);
-  wait_arrived(k, -1, deadline);
-  publish(flags_[rank_].done, k);
+void ShmCollectives::barrier(Deadline& deadline) {
+  exchange(nullptr, 0, 0, deadline);
 }
 
-void ShmCollectives::broadcast(const plugin::OpDesc& op, Clock::time_point deadline) {
+void ShmCollectives::broadcast(const plugin::OpDesc& op, Deadline& deadline) {
   const uint64_t k = ++ops_;
   const size_t bytes = op.count * element_size(op.dtype);
   if (rank_ == op.root) {
     reuse_guard(k, deadline);
     write_slot(k, op.input, bytes, bytes);
     if (op.output != op.input) std::memmove(op.output, op.input, bytes);
-    publish(flags_[rank_].arrived, k);
-    publish(flags_[rank_].done, k);
     return;
   }
-  publish(flags_[rank_].arrived, k);
   wait_arrived(k, op.root, deadline);
-  const Reading reading(*this, k);
+  const Reading reading(*this, k, true);
   check_lengths(k, bytes, op.root);
   std::memcpy(op.output, slot(op.root, k) + kHeaderBytes, bytes);
 }
@@ -296,32 +352,31 @@ void ShmCollectives::reduce_slots(void* out, uint64_t op, size_t offset, size_t 
   for (int r = 2; r < size_; ++r) fn(out, out, block(r), count);
 }
 
-uint64_t ShmCollectives::exchange(const void* in, size_t bytes, size_t block_bytes, Clock::time_point deadline) {
+uint64_t ShmCollectives::exchange(const void* in, size_t bytes, size_t block_bytes, Deadline& deadline) {
   const uint64_t k = ++ops_;
   reuse_guard(k, deadline);
   write_slot(k, in, bytes, block_bytes);
-  publish(flags_[rank_].arrived, k);
   wait_arrived(k, -1, deadline);
   return k;
 }
 
 // all_reduce (blocks 1) and reduce_scatter (blocks = size: each slot holds a
 // rank's whole input, and this rank reduces its own block of each).
-void ShmCollectives::reduce(const plugin::OpDesc& op, size_t blocks, Clock::time_point deadline) {
+void ShmCollectives::reduce(const plugin::OpDesc& op, size_t blocks, Deadline& deadline) {
   const cpu_algorithms::ReduceFn fn = cpu_algorithms::reduce_fn(op.dtype, op.reduce.kind);
   if (!fn) throw std::invalid_argument("no reduction for this dtype and kind");
   const size_t bytes = op.count * element_size(op.dtype);  // this rank's result
   const uint64_t k = exchange(op.input, bytes * blocks, bytes, deadline);
-  const Reading reading(*this, k);
+  const Reading reading(*this, k, false);
   check_lengths(k, bytes);
   reduce_slots(op.output, k, blocks > 1 ? static_cast<size_t>(rank_) * bytes : 0, op.count, fn);
   cpu_algorithms::finish_reduction(op, op.output, op.count, size_);
 }
 
-void ShmCollectives::all_gather(const plugin::OpDesc& op, Clock::time_point deadline) {
+void ShmCollectives::all_gather(const plugin::OpDesc& op, Deadline& deadline) {
   const size_t bytes = op.count * element_size(op.dtype);
   const uint64_t k = exchange(op.input, bytes, bytes, deadline);
-  const Reading reading(*this, k);
+  const Reading reading(*this, k, false);
   check_lengths(k, bytes);
   auto* out = static_cast<unsigned char*>(op.output);
   for (int r = 0; r < size_; ++r) std::memcpy(out + static_cast<size_t>(r) * bytes, slot(r, k) + kHeaderBytes, bytes);

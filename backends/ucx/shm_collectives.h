@@ -1,10 +1,11 @@
 // Small collectives through one shared-memory segment that every rank of a
 // comm maps, beside the UCX transport, when all ranks share a host (as Open
 // MPI's shared-memory collectives and NCCL's low-latency protocol do): each
-// rank copies its input into its own slot and publishes the op's number;
-// readers wait for the numbers, read the slots and publish that they are
-// done. No messages, no tag matching: an 8 B all_reduce is two copies and
-// two flags instead of a send and a receive per peer.
+// rank copies its input into its own slot and publishes the op's number in
+// the slot's first cache line (beside up to 48 B of the data); readers wait
+// for the numbers and read the slots. No messages, no tag matching: an 8 B
+// all_reduce moves one cache line each way instead of a send and a receive
+// per peer.
 //
 // Ops: barrier, and all_reduce, all_gather, reduce_scatter and broadcast
 // whose data per rank fits kMaxBytes and which the CPU algorithms would run
@@ -14,10 +15,13 @@
 // that pass different counts get CountMismatch as on the exchange path.
 //
 // Each rank has kDepth slots, used in turn; a rank writes a slot again only
-// once every peer has read the op that used it last. Waiting follows the
-// UCX settings: spin (yielding when asked) up to the spin time, then sleep
-// on a futex in the segment, in slices of at most kSliceMs, between which a
-// dead peer process, the deadline and abort are checked.
+// once every peer has read the op that used it last: a peer that published
+// a later op has (ops run in order), and a broadcast's readers, whose root
+// waits for no one, publish a done flag. Waiting follows the UCX settings:
+// poll (a pause between looks, no clock reads, for the first ~2 us), spin
+// (yielding when asked) up to the spin time, then sleep on a futex in the
+// segment, in slices of at most kSliceMs, between which a dead peer
+// process, the deadline and abort are checked.
 //
 // The segment is created by rank 0 under a unique POSIX shm name and
 // unlinked as soon as every rank has mapped it, so a crash leaves nothing
@@ -28,7 +32,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <vector>
 
 #include "comms/plugin.h"
 #include "comms/store.h"
@@ -69,43 +75,61 @@ class ShmCollectives {
   void set_spin(const UcxSettings& s);
 
  private:
+  // The op's timeout counts from the first wait that stops polling (one
+  // clock read fewer on an op that never waits long).
+  struct Deadline {
+    std::chrono::milliseconds timeout;
+    Clock::time_point when{};
+    bool set = false;
+    Clock::time_point at(Clock::time_point now) {
+      if (!set) when = now + timeout, set = true;
+      return when;
+    }
+  };
   struct Bell;
+  struct Header;
   struct RankFlags;
-  // Publishes this rank's done flag for an op when it leaves scope: a peer
-  // never waits on this rank's reading, even when the op throws.
+  // Publishes this rank's done flag for an op when it leaves scope, if
+  // `always` (a broadcast's reader) or the op throws: a peer never waits on
+  // this rank's reading.
   struct Reading {
-    Reading(ShmCollectives& s, uint64_t op) : s(s), op(op) {}
+    Reading(ShmCollectives& s, uint64_t op, bool always)
+        : s(s), op(op), always(always), exceptions(std::uncaught_exceptions()) {}
     ~Reading();
     ShmCollectives& s;
     uint64_t op;
+    bool always;
+    int exceptions;
   };
   ShmCollectives(UcxTransport& transport, void* base, size_t bytes, const UcxSettings& settings);
 
   unsigned char* slot(int rank, uint64_t op) const;
+  Header* header(int rank, uint64_t op) const;
+  // Writes this rank's slot for op and publishes it.
   void write_slot(uint64_t op, const void* data, size_t bytes, size_t block_bytes);
   // Throws CountMismatch naming the first rank (or only_peer) whose slot
   // header is not this op's with block_bytes.
   void check_lengths(uint64_t op, size_t block_bytes, int only_peer = -1) const;
   void reduce_slots(void* out, uint64_t op, size_t offset, size_t count, cpu_algorithms::ReduceFn fn) const;
   void publish(std::atomic<uint64_t>& flag, uint64_t op);
-  // Waits until every peer's arrived (or done) flag reaches op.
-  void wait_arrived(uint64_t op, int only_peer, Clock::time_point deadline);
-  void wait_done(uint64_t op, Clock::time_point deadline);
+  // The publish's fence and bell: wakes the sleepers if some publish since
+  // the last call may have been missed by them.
+  void ring_if_sleepers();
+  // Waits until every peer (or only_peer) has published its slot for op.
+  void wait_arrived(uint64_t op, int only_peer, Deadline& deadline);
   template <class Ready>
-  void wait_until(Ready ready, int only_peer, Clock::time_point deadline, const char* what);
-  void sleep(Clock::time_point deadline);
+  void wait_until(Ready ready, int only_peer, Deadline& deadline, const char* what);
+  void sleep(Deadline& deadline);
 
   // Fills this rank's slot (bytes of in, headed by block_bytes) and waits
   // for every peer's; returns the op's number, whose slots are then read.
-  uint64_t exchange(const void* in, size_t bytes, size_t block_bytes, Clock::time_point deadline);
-  void reduce(const plugin::OpDesc& op, size_t blocks, Clock::time_point deadline);
-  void all_gather(const plugin::OpDesc& op, Clock::time_point deadline);
-  void broadcast(const plugin::OpDesc& op, Clock::time_point deadline);
-  void barrier(Clock::time_point deadline);
+  uint64_t exchange(const void* in, size_t bytes, size_t block_bytes, Deadline& deadline);
+  void reduce(const plugin::OpDesc& op, size_t blocks, Deadline& deadline);
+  void all_gather(const plugin::OpDesc& op, Deadline& deadline);
+  void broadcast(const plugin::OpDesc& op, Deadline& deadline);
+  void barrier(Deadline& deadline);
   // Before writing this op's slot: the op kDepth back used it.
-  void reuse_guard(uint64_t op, Clock::time_point deadline) {
-    if (op > kDepth) wait_done(op - kDepth, deadline);
-  }
+  void reuse_guard(uint64_t op, Deadline& deadline);
 
   UcxTransport& t_;
   const int rank_, size_;
@@ -114,7 +138,9 @@ class ShmCollectives {
   Bell* bell_;
   RankFlags* flags_;
   unsigned char* slots_;
+  bool ring_pending_ = false;
   uint64_t ops_ = 0;  // this comm's shm ops so far: the same on every rank
+  std::vector<uint64_t> seen_;  // per rank: the last op whose slot this rank saw published
   std::atomic<bool> aborted_{false};
   std::atomic<bool> spin_forever_{false}, yield_{false};
   std::atomic<int64_t> spin_us_{0}, yield_after_us_{0};

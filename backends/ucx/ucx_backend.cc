@@ -97,20 +97,21 @@ Status UcxBackend::init() {
 }
 
 void UcxBackend::run(const plugin::OpDesc& op) {
-  const auto deadline = cpu_algorithms::Clock::now() + op.timeout;
+  // Not on the shared-memory path, which reads the clock only when it waits long.
+  auto deadline = [&] { return cpu_algorithms::Clock::now() + op.timeout; };
   const size_t es = element_size(op.dtype);
   switch (op.type) {
     case OpType::kSend:
       return transport_->point_to_point({{true, op.peer, op.tag, const_cast<void*>(op.input), op.count * es}},
-                                        deadline);
+                                        deadline());
     case OpType::kRecv:
-      return transport_->point_to_point({{false, op.peer, op.tag, op.output, op.count * es}}, deadline);
+      return transport_->point_to_point({{false, op.peer, op.tag, op.output, op.count * es}}, deadline());
     case OpType::kBatchP2P: {
       std::vector<UcxTransport::P2P> ops;
       for (const auto& p : op.p2p) {
         ops.push_back({p.kind == P2POp::Kind::kSend, p.peer, p.tag, p.buffer.data, p.buffer.bytes()});
       }
-      return ops.empty() ? void() : transport_->point_to_point(ops, deadline);
+      return ops.empty() ? void() : transport_->point_to_point(ops, deadline());
     }
     default:
       if (shm_ && shm_->takes(op)) return shm_->run(op);

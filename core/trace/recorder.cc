@@ -54,10 +54,10 @@ void Recorder::issued(const OpRecord& r) {
   s->seq.store(r.seq, std::memory_order_release);
 }
 
-void Recorder::started(uint64_t seq) {
+void Recorder::started(uint64_t seq, int64_t now) {
   Slot* s = slot_of(seq);
   if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
-  s->started_ns.store(now_ns(), std::memory_order_relaxed);
+  s->started_ns.store(now, std::memory_order_relaxed);
   s->state.store(static_cast<uint8_t>(OpState::kStarted), std::memory_order_release);
 }
 

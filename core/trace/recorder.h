@@ -59,7 +59,9 @@ class Recorder {
   Recorder& operator=(const Recorder&) = delete;
 
   void issued(const OpRecord& r);
-  void started(uint64_t seq);
+  // `now` (of now_ns()): the issue time, when nothing ran in between.
+  void started(uint64_t seq, int64_t now);
+  void started(uint64_t seq) { started(seq, now_ns()); }
   // `op` keeps the last completed op's name known with the ring off.
   void completed(uint64_t seq, plugin::OpType op);
   void failed(uint64_t seq, ErrorCode code, int peer);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "comms/numeric.h"
+#include <nlohmann/json.hpp>
 
 namespace comms::bench {
 
@@ -158,14 +159,36 @@ Row Bench::run(size_t bytes, bool in_place) {
 }
 
 namespace {
-// The UCX plugin's choice (backends/cpu_algorithms/op_runner.cc): the CPU
-// algorithms where algorithms.h picks one, else the pairwise exchange;
-// point-to-point is UCP tag send/recv.
-std::string ucx_algorithm(OpType type, size_t bytes, int n) {
+// The most bytes per rank the UCX plugin's shared-memory collectives take,
+// from its describe() ("on, up to N bytes per rank"); 0 when they are off.
+size_t ucx_shm_max(const Comm& comm) {
+  try {
+    const auto j = nlohmann::json::parse(comm.describe());
+    const std::string state = j.at("backends").at("cpu").at("config").value("shm_collectives", "");
+    const auto at = state.find("up to ");
+    if (state.rfind("on", 0) != 0 || at == std::string::npos) return 0;
+    return std::stoull(state.substr(at + 6));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+// The UCX plugin's choice (backends/ucx/ucx_backend.cc): the shared-memory
+// collectives where ShmCollectives::takes() says so (the same rules), else
+// the CPU algorithms where algorithms.h picks one, else the pairwise
+// exchange; point-to-point is UCP tag send/recv.
+std::string ucx_algorithm(OpType type, size_t bytes, int n, size_t shm_max) {
   if (type == OpType::kSend) return "ucp tag send/recv";
   const auto a = cpu_algorithms::algorithm_for(type, bytes, n);
-  return a != cpu_algorithms::Algorithm::kNone ? std::string(cpu_algorithms::algorithm_name(type, a))
-                                               : "pairwise exchange";
+  using cpu_algorithms::Algorithm;
+  const bool shm = shm_max > 0 && (type == OpType::kBarrier ||
+                                   (type == OpType::kBroadcast && a == Algorithm::kBroadcast && bytes <= shm_max) ||
+                                   ((type == OpType::kAllReduce || type == OpType::kAllGather) &&
+                                    a == Algorithm::kExchange && bytes <= shm_max) ||
+                                   (type == OpType::kReduceScatter && a == Algorithm::kExchange &&
+                                    bytes * static_cast<size_t>(n) <= shm_max));
+  if (shm) return "shm";
+  return a != Algorithm::kNone ? std::string(cpu_algorithms::algorithm_name(type, a)) : "pairwise exchange";
 }
 }  // namespace
 
@@ -202,7 +225,7 @@ Row Bench::summarize(const Shape& s, std::vector<double>& times, std::vector<dou
                   : comm_->backends().backend_for(DeviceType::kCpu) == "gloo"
                       ? std::string(gloo_backend::algorithm_name(
                             op_.type, gloo_backend::sync_algorithm_for(op_.type, count * es, n)))
-                  : comm_->backends().backend_for(DeviceType::kCpu) == "ucx" ? ucx_algorithm(op_.type, count * es, n)
+                  : comm_->backends().backend_for(DeviceType::kCpu) == "ucx" ? ucx_algorithm(op_.type, count * es, n, ucx_shm_max(*comm_))
                                                                                : std::string();
   return row;
 }
