@@ -31,9 +31,10 @@ std::vector<std::string> backends() {
 }
 
 // Short timeouts: a stopped rank is found by its heartbeat, a dead one at once.
+// COMMS_ELASTIC=1: the helper's runs without --keep-going need elastic comms too.
 std::map<std::string, std::string> env_for(const std::string& backend) {
   return {{"COMMS_BACKEND", backend}, {"ELASTIC_BACKEND", backend}, {"COMMS_OP_TIMEOUT", "20s"},
-          {"COMMS_INIT_TIMEOUT", "20s"}};
+          {"COMMS_INIT_TIMEOUT", "20s"}, {"COMMS_ELASTIC", "1"}};
 }
 
 std::string final_loss(const std::string& output) {
