@@ -333,7 +333,8 @@ bool UcxTransport::progress_in_flight() {
   return pending();
 }
 
-void UcxTransport::send_buffered(int peer, uint64_t tag, const void* data, size_t len, Clock::time_point deadline) {
+void UcxTransport::send_buffered(int peer, uint64_t tag, const void* data, size_t len, Clock::time_point deadline,
+                                 bool peer_may_be_gone) {
   if (peer_status_[static_cast<size_t>(peer)]) fail(Kind::kPeerFailure, peer, peer_error(peer));
   // Done at once (eager, resources free): no copy.
   ucp_request_param_t param{};
@@ -347,10 +348,10 @@ void UcxTransport::send_buffered(int peer, uint64_t tag, const void* data, size_
     ucp_request_free(r);
     fail(Kind::kPeerFailure, peer, "UCX returned a pending request for an immediate send");
   }
-  if (len < eager_limit_) {
+  if (len < eager_limit_ && !peer_may_be_gone) {
     // Eager: finishing needs only the peer's progress, which every wait
-    // makes, never its receive; so waiting here cannot deadlock, and the
-    // copy is not needed.
+    // makes, never its receive; so waiting here cannot deadlock while the
+    // peer still waits for this op's messages, and the copy is not needed.
     void* req = post_send(peer, tag, data, len);
     return wait(req, peer, deadline, "send");
   }
@@ -398,7 +399,11 @@ void UcxTransport::grant_credit(int peer, Clock::time_point deadline) {
   Credit& c = credit_[static_cast<size_t>(peer)];
   if (++c.received % kCreditMessages != 0) return;
   static const uint8_t kGrant = 1;
-  send_buffered(peer, make_tag(kCreditClass, rank_, c.grant_seq++), &kGrant, 1, deadline);
+  // The peer may have finished the op and be waiting outside UCX (a commit
+  // vote on the store) for this rank: waiting for its progress (its
+  // shared-memory FIFO full: 15 senders, 16 elements) held 16-rank UCX jobs
+  // for the whole op timeout. Left in flight, later waits send it.
+  send_buffered(peer, make_tag(kCreditClass, rank_, c.grant_seq++), &kGrant, 1, deadline, true);
 }
 
 // A send UCX could not finish at once (rendezvous, a full shared-memory

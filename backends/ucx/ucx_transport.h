@@ -165,7 +165,10 @@ class UcxTransport final : public cpu_algorithms::Transport {
   static void on_peer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   // Sends without waiting for the receiver: see the header comment.
-  void send_buffered(int peer, uint64_t tag, const void* data, size_t len, Clock::time_point deadline);
+  // peer_may_be_gone: the peer need not be in this op (a credit grant), so
+  // an eager send is never waited for either.
+  void send_buffered(int peer, uint64_t tag, const void* data, size_t len, Clock::time_point deadline,
+                     bool peer_may_be_gone = false);
   // Credit (see the header comment): take_credit before each collective
   // message to peer, grant_credit after each one received from it.
   void take_credit(int peer, Clock::time_point deadline);

@@ -8,15 +8,18 @@
 //                the new comm, drop the old one; then N planned shrinks
 //                excluding the last rank. Prints the fds and threads of this
 //                process after the first round and after the last.
-//   double-early rank 1 dies inside an all_reduce; rank 2, once its op
-//                failed, dies before it joins the agreement.
-//   double-late  rank 1 dies inside an all_reduce; rank 2 joins the
+//   double-early A B   rank A dies inside an all_reduce; rank B, once its
+//                op failed, dies before it joins the agreement.
+//   double-late A B    rank A dies inside an all_reduce; rank B joins the
 //                agreement, then dies before the shrink: a second round.
+//                (A and B default to 1 and 2.)
 //   store-host / store-lost  the job's store, in a process of its own, and
 //                ranks that see it die (see store_lost()).
 //   not-elastic  a comm made with elastic = false costs the store nothing
 //                and refuses revoke/agree (see not_elastic()).
-// Survivors print "AGREED rank <r> epoch <e> lost [..] size <n> sum <s>".
+// Survivors print "AGREED rank <r> epoch <e> lost [..] size <n> sum <s>
+// world_sum <w>": s sums (new rank + 1), w sums (world rank + 1) over the
+// new comm, so w tells which ranks it holds.
 // ELASTIC_BACKEND picks the backend (default cpu:gloo).
 #include <dirent.h>
 #include <signal.h>
@@ -68,9 +71,12 @@ std::string join(const std::vector<int>& v) {
 }
 
 void print_agreed(int world_rank, const Recovery& r) {
-  std::printf("AGREED rank %d epoch %llu lost [%s] size %d sum %g\n", world_rank,
+  const float sum = checked_sum(*r.comm);
+  float world_sum = static_cast<float>(world_rank + 1);
+  r.comm->all_reduce(BufferView::of(&world_sum, 1), ReduceOp::sum());
+  std::printf("AGREED rank %d epoch %llu lost [%s] size %d sum %g world_sum %g\n", world_rank,
               static_cast<unsigned long long>(r.agreement.epoch), join(r.agreement.lost).c_str(), r.comm->size(),
-              checked_sum(*r.comm));
+              sum, world_sum);
   std::fflush(stdout);
 }
 
@@ -162,22 +168,22 @@ int cycles(int n) {
   return 0;
 }
 
-int double_kill(bool late) {
+int double_kill(bool late, int first, int second) {
   auto comm = world_comm();
   checked_sum(*comm);
   const int rank = comm->rank();
-  if (rank == 1) {
+  if (rank == first) {
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       kill(getpid(), SIGKILL);
     }).detach();
   }
   until_failure(*comm);
-  if (rank == 2 && !late) kill(getpid(), SIGKILL);
-  if (rank == 2) {
-    revoke(*comm, "rank 2 saw the failure");
+  if (rank == second && !late) kill(getpid(), SIGKILL);
+  if (rank == second) {
+    revoke(*comm, "the second victim saw the failure");
     const Agreement a = agree_on_failures(*comm);
-    std::printf("rank 2 joined round %d (lost [%s]) and dies\n", a.round, join(a.lost).c_str());
+    std::printf("rank %d joined round %d (lost [%s]) and dies\n", rank, a.round, join(a.lost).c_str());
     std::fflush(stdout);
     kill(getpid(), SIGKILL);
   }
@@ -285,8 +291,9 @@ int main(int argc, char** argv) {
   try {
     if (mode == "revoked") return revoked();
     if (mode == "cycles") return cycles(argc > 2 ? std::atoi(argv[2]) : 20);
-    if (mode == "double-early") return double_kill(false);
-    if (mode == "double-late") return double_kill(true);
+    if (mode == "double-early" || mode == "double-late") {
+      return double_kill(mode == "double-late", argc > 2 ? std::atoi(argv[2]) : 1, argc > 3 ? std::atoi(argv[3]) : 2);
+    }
     if (mode == "not-elastic") return not_elastic();
     if (mode == "store-host") return store_host();
     if (mode == "store-lost") return store_lost();

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -31,9 +32,10 @@ std::vector<std::string> backends() {
 }
 
 // Short timeouts: a stopped rank is found by its heartbeat, a dead one at once.
+// COMMS_ELASTIC=1: the helper's runs without --keep-going need elastic comms too.
 std::map<std::string, std::string> env_for(const std::string& backend) {
   return {{"COMMS_BACKEND", backend}, {"ELASTIC_BACKEND", backend}, {"COMMS_OP_TIMEOUT", "20s"},
-          {"COMMS_INIT_TIMEOUT", "20s"}};
+          {"COMMS_INIT_TIMEOUT", "20s"}, {"COMMS_ELASTIC", "1"}};
 }
 
 std::string final_loss(const std::string& output) {
@@ -79,7 +81,7 @@ TEST(Elastic, ARankKilledInsideAllReduceGivesTheFinalLossOfAPlannedShrinkAt8Rank
 
 struct Agreed {
   int rank;
-  std::string rest;  // epoch, lost, size, sum
+  std::string rest;  // epoch, lost, size, sum, world_sum
 };
 
 std::vector<Agreed> agreed(const std::string& output) {
@@ -91,28 +93,50 @@ std::vector<Agreed> agreed(const std::string& output) {
   return out;
 }
 
-void expect_all_agree(const std::string& output, size_t survivors, const std::string& want) {
-  auto a = agreed(output);
-  ASSERT_EQ(a.size(), survivors) << output;
-  for (const auto& x : a) EXPECT_EQ(x.rest, want) << "rank " << x.rank << "\n" << output;
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
 }
 
-TEST(Elastic, RevokingOnOneRankFailsEveryRanksOpsWithRevokedAndTheParentStaysRevoked) {
+// What every survivor of n ranks that lost `lost` (ascending) prints after
+// "AGREED rank <r> ": the new comm's size, the sum of (new rank + 1) and of
+// (world rank + 1) over it. Each survivor prints it once.
+void expect_all_agree(const std::string& output, int n, const std::vector<int>& lost) {
+  const int size = n - static_cast<int>(lost.size());
+  int world_sum = n * (n + 1) / 2;
+  for (int l : lost) world_sum -= l + 1;
+  const std::string want = "epoch 1 lost [" + join(lost) + "] size " + std::to_string(size) + " sum " +
+                           std::to_string(size * (size + 1) / 2) + " world_sum " + std::to_string(world_sum);
+  std::set<int> want_ranks, ranks;
+  for (int r = 0; r < n; ++r) {
+    if (std::find(lost.begin(), lost.end(), r) == lost.end()) want_ranks.insert(r);
+  }
+  auto a = agreed(output);
+  for (const auto& x : a) {
+    EXPECT_TRUE(ranks.insert(x.rank).second) << "rank " << x.rank << " twice\n" << output;
+    EXPECT_EQ(x.rest, want) << "rank " << x.rank << "\n" << output;
+  }
+  EXPECT_EQ(ranks, want_ranks) << output;
+}
+
+void expect_revoked_everywhere(int n) {
   for (const auto& backend : backends()) {
-    SCOPED_TRACE(backend);
-    auto p = run({COMMSRUN, "-n", "4", "--timeout", "60", "--", ELASTIC_HELPER, "revoked"}, env_for(backend), 70s);
+    SCOPED_TRACE(backend + " at " + std::to_string(n) + " ranks");
+    auto p = run({COMMSRUN, "-n", std::to_string(n), "--timeout", "60", "--", ELASTIC_HELPER, "revoked"},
+                 env_for(backend), 70s);
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    std::regex re(R"(REVOKED rank (\d) first (\w+) later (\w+) after_recover (\w+) is_revoked (\d))");
-    int seen = 0;
+    std::regex re(R"(REVOKED rank (\d+) first (\w+) later (\w+) after_recover (\w+) is_revoked (\d))");
+    std::set<int> seen;
     for (auto it = std::sregex_iterator(p.output.begin(), p.output.end(), re); it != std::sregex_iterator(); ++it) {
-      ++seen;
+      seen.insert(std::stoi((*it)[1]));
       EXPECT_EQ((*it)[2], "revoked") << (*it)[0];
       EXPECT_EQ((*it)[3], "revoked") << (*it)[0];
       EXPECT_EQ((*it)[4], "revoked") << (*it)[0];
       EXPECT_EQ((*it)[5], "1") << (*it)[0];
     }
-    EXPECT_EQ(seen, 4) << p.output;
-    expect_all_agree(p.output, 4, "epoch 1 lost [] size 4 sum 10");
+    EXPECT_EQ(seen.size(), static_cast<size_t>(n)) << p.output;
+    expect_all_agree(p.output, n, {});
   }
 }
 
@@ -190,74 +214,115 @@ TEST(Elastic, ALostStoreFailsEveryRanksOpsAndRecoverSayingSoInsteadOfHanging) {
   }
 }
 
-TEST(Elastic, ASecondRankLostBeforeJoiningTheAgreementIsInTheSameSetOnEverySurvivor) {
-  for (const auto& backend : backends()) {
-    SCOPED_TRACE(backend);
-    auto p = run({COMMSRUN, "-n", "4", "--keep-going", "--timeout", "60", "--", ELASTIC_HELPER, "double-early"},
-                 env_for(backend), 70s);
-    EXPECT_EQ(p.exit_code(), 0) << p.output;
-    expect_all_agree(p.output, 2, "epoch 1 lost [1,2] size 2 sum 3");
-    EXPECT_NE(p.output.find("lost ranks [1,2]"), std::string::npos) << p.output;
-  }
+TEST(Elastic, RevokingOnOneRankFailsEveryRanksOpsWithRevokedAndTheParentStaysRevokedAt4Ranks) {
+  expect_revoked_everywhere(4);
 }
 
-TEST(Elastic, ASecondRankLostAfterJoiningTheAgreementMakesASecondRoundThatFindsIt) {
+TEST(Elastic, RevokingOnOneRankFailsEveryRanksOpsWithRevokedAndTheParentStaysRevokedAt8Ranks) {
+  expect_revoked_everywhere(8);
+}
+
+// Rank `first` dies inside an all_reduce; rank `second` dies before it
+// joins the agreement (early) or after joining its first round (late).
+void expect_second_loss_agreed(int n, int first, int second, bool late) {
   for (const auto& backend : backends()) {
-    SCOPED_TRACE(backend);
+    SCOPED_TRACE(backend + " at " + std::to_string(n) + " ranks");
     auto env = env_for(backend);
-    env["COMMS_INIT_TIMEOUT"] = "4s";  // the shrink that still counts rank 2 fails at this
-    auto p = run({COMMSRUN, "-n", "4", "--keep-going", "--timeout", "80", "--", ELASTIC_HELPER, "double-late"}, env,
-                 90s);
+    if (late) env["COMMS_INIT_TIMEOUT"] = "4s";  // the shrink that still counts the second victim fails at this
+    auto p = run({COMMSRUN, "-n", std::to_string(n), "--keep-going", "--timeout", "80", "--", ELASTIC_HELPER,
+                  late ? "double-late" : "double-early", std::to_string(first), std::to_string(second)},
+                 env, 90s);
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    EXPECT_NE(p.output.find("rank 2 joined round 0 (lost [1]) and dies"), std::string::npos) << p.output;
-    expect_all_agree(p.output, 2, "epoch 1 lost [1,2] size 2 sum 3");
+    const std::vector<int> lost = {std::min(first, second), std::max(first, second)};
+    if (late) {
+      EXPECT_NE(p.output.find("rank " + std::to_string(second) + " joined round 0 (lost [" + std::to_string(first) +
+                              "]) and dies"),
+                std::string::npos)
+          << p.output;
+    }
+    EXPECT_NE(p.output.find("lost ranks [" + join(lost) + "]"), std::string::npos) << p.output;
+    expect_all_agree(p.output, n, lost);
   }
 }
 
-TEST(Elastic, TwentyRecoverAndShrinkCyclesLeaveFileDescriptorsAndThreadsFlat) {
+TEST(Elastic, ASecondRankLostBeforeJoiningTheAgreementIsInTheSameSetOnEverySurvivorAt4Ranks) {
+  expect_second_loss_agreed(4, 1, 2, false);
+}
+
+TEST(Elastic, ASecondRankLostBeforeJoiningTheAgreementIsInTheSameSetOnEverySurvivorAt8Ranks) {
+  expect_second_loss_agreed(8, 6, 3, false);
+}
+
+TEST(Elastic, ASecondRankLostAfterJoiningTheAgreementMakesASecondRoundThatFindsItAt4Ranks) {
+  expect_second_loss_agreed(4, 1, 2, true);
+}
+
+TEST(Elastic, ASecondRankLostAfterJoiningTheAgreementMakesASecondRoundThatFindsItAt8Ranks) {
+  expect_second_loss_agreed(8, 2, 7, true);
+}
+
+void expect_cycles_flat(int n, const char* default_cycles) {
   for (const auto& backend : backends()) {
-    SCOPED_TRACE(backend);
+    SCOPED_TRACE(backend + " at " + std::to_string(n) + " ranks");
     // The sanitizer stages run fewer (ELASTIC_CYCLES): what leaks, leaks every cycle.
     const char* cycles = std::getenv("ELASTIC_CYCLES");
-    auto p = run({COMMSRUN, "-n", "4", "--timeout", "150", "--", ELASTIC_HELPER, "cycles", cycles ? cycles : "20"},
+    auto p = run({COMMSRUN, "-n", std::to_string(n), "--timeout", "150", "--", ELASTIC_HELPER, "cycles",
+                  cycles ? cycles : default_cycles},
                  env_for(backend), 160s);
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    std::regex re(R"(CYCLES rank (\d) (\w+) fds (\d+) -> (\d+) threads (\d+) -> (\d+))");
-    int seen = 0;
+    std::regex re(R"(CYCLES rank (\d+) (\w+) fds (\d+) -> (\d+) threads (\d+) -> (\d+))");
+    std::set<std::pair<int, std::string>> seen;
     for (auto it = std::sregex_iterator(p.output.begin(), p.output.end(), re); it != std::sregex_iterator(); ++it) {
-      ++seen;
+      seen.insert({std::stoi((*it)[1]), (*it)[2]});
       // A leak grows with every cycle (19 of them after the first count);
       // a store connection or socket still closing is at most a few.
       EXPECT_LE(std::stoi((*it)[4]), std::stoi((*it)[3]) + 3) << (*it)[0];
       EXPECT_LE(std::stoi((*it)[6]), std::stoi((*it)[5]) + 1) << (*it)[0];
     }
-    EXPECT_EQ(seen, 8) << p.output;
+    EXPECT_EQ(seen.size(), static_cast<size_t>(2 * n)) << p.output;  // recover and planned, every rank
   }
 }
 
-TEST(Elastic, AStoppedRankIsTimedOutAgreedOnAndShrunkAwayAndTheOthersFinish) {
+TEST(Elastic, TwentyRecoverAndShrinkCyclesLeaveFileDescriptorsAndThreadsFlatAt4Ranks) {
+  expect_cycles_flat(4, "20");
+}
+
+TEST(Elastic, TwentyRecoverAndShrinkCyclesLeaveFileDescriptorsAndThreadsFlatAt8Ranks) {
+  expect_cycles_flat(8, "20");
+}
+
+void expect_stopped_rank_shrunk_away(int n, int victim, int steps) {
   for (const auto& backend : backends()) {
-    SCOPED_TRACE(backend);
+    SCOPED_TRACE(backend + " at " + std::to_string(n) + " ranks");
     auto env = env_for(backend);
     env["COMMS_OP_TIMEOUT"] = "3s";
-    Process p = Process::start({COMMSRUN, "-n", "4", "--keep-going", "--timeout", "80", "--", TRAINER, "--elastic",
-                                "--steps", "1500", "--print-every", "50"},
+    Process p = Process::start({COMMSRUN, "-n", std::to_string(n), "--keep-going", "--timeout", "80", "--", TRAINER,
+                                "--elastic", "--steps", std::to_string(steps), "--print-every", "50"},
                                env);
     ASSERT_TRUE(p.read_until([](const std::string& o) { return o.find("step 100 ") != std::string::npos; }, 40s))
         << p.output;
     auto ranks = comms::testing::children_of(p.pid);
-    ASSERT_EQ(ranks.size(), 4u);
-    kill(ranks[2], SIGSTOP);
+    ASSERT_EQ(ranks.size(), static_cast<size_t>(n));
+    kill(ranks[static_cast<size_t>(victim)], SIGSTOP);
     const bool finished =
         p.read_until([](const std::string& o) { return o.find("final_loss=") != std::string::npos; }, 60s);
-    kill(ranks[2], SIGKILL);  // the launcher reaps it: lost
+    kill(ranks[static_cast<size_t>(victim)], SIGKILL);  // the launcher reaps it: lost
     ASSERT_TRUE(p.wait(20s)) << p.output;
     ASSERT_TRUE(finished) << p.output;
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    EXPECT_NE(p.output.find("recovered: lost ranks [2] in "), std::string::npos) << p.output;
-    EXPECT_NE(p.output.find("world=3"), std::string::npos) << p.output;
-    EXPECT_NE(p.output.find("lost ranks [2]"), std::string::npos) << p.output;
+    const std::string lost = "lost ranks [" + std::to_string(victim) + "]";
+    EXPECT_NE(p.output.find("recovered: " + lost + " in "), std::string::npos) << p.output;
+    EXPECT_NE(p.output.find("world=" + std::to_string(n - 1)), std::string::npos) << p.output;
+    EXPECT_NE(p.output.find("--keep-going: the survivors finished; " + lost), std::string::npos) << p.output;
   }
+}
+
+TEST(Elastic, AStoppedRankIsTimedOutAgreedOnAndShrunkAwayAndTheOthersFinishAt4Ranks) {
+  expect_stopped_rank_shrunk_away(4, 2, 1500);
+}
+
+TEST(Elastic, AStoppedRankIsTimedOutAgreedOnAndShrunkAwayAndTheOthersFinishAt8Ranks) {
+  expect_stopped_rank_shrunk_away(8, 5, 1500);
 }
 
 TEST(Elastic, AnOutsideKillAtARandomMomentLeavesTheOthersFinishingAndCommsrunNamingTheLostRank) {
