@@ -163,7 +163,7 @@ namespace {
 // point-to-point is UCP tag send/recv.
 std::string ucx_algorithm(OpType type, size_t bytes, int n) {
   if (type == OpType::kSend) return "ucp tag send/recv";
-  const auto a = cpu_algorithms::algorithm_for(type, bytes, n);
+  const auto a = cpu_algorithms::algorithm_for(type, bytes, n, /*in_place=*/true);
   return a != cpu_algorithms::Algorithm::kNone ? std::string(cpu_algorithms::algorithm_name(type, a))
                                                : "pairwise exchange";
 }
