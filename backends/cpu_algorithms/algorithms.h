@@ -7,9 +7,14 @@
 //     element): one direct exchange, reductions local and in rank order;
 //   all_reduce, reduce_scatter, all_gather and reduce above that: a
 //     pipelined ring;
-//   broadcast up to kSyncPathMaxBytes: the root sends to every rank;
+//   broadcast up to kSyncPathMaxBytes, and at every size on a transport
+//     that sends in place (UCX): the root sends to every rank;
 //   barrier: a token from every rank to every other.
 // kNone: the op is not one of these; a backend runs it its own way.
+//
+// Large ops on a transport that sends in place (Transport::sends_in_place)
+// follow the switch points below, each chosen by a measurement in
+// docs/PERFORMANCE.md ("The 64 KiB to 64 MiB band").
 #pragma once
 
 #include <cstddef>
@@ -26,7 +31,8 @@ inline constexpr size_t kExchangeMaxBytes = 64 * 1024;
 enum class Algorithm : uint8_t { kNone, kExchange, kPipelinedRing, kBroadcast, kBarrier };
 
 // bytes: the op's per-rank count (all_to_all: per block) times the element size.
-constexpr Algorithm algorithm_for(plugin::OpType type, size_t bytes, int size) {
+// in_place: the transport sends in place (Transport::sends_in_place).
+constexpr Algorithm algorithm_for(plugin::OpType type, size_t bytes, int size, bool in_place = false) {
   const bool exchange_fits = bytes != 0 && bytes * static_cast<size_t>(size) <= kExchangeMaxBytes;
   switch (type) {
     case plugin::OpType::kBarrier:
@@ -42,10 +48,41 @@ constexpr Algorithm algorithm_for(plugin::OpType type, size_t bytes, int size) {
     case plugin::OpType::kScatter:
       return exchange_fits ? Algorithm::kExchange : Algorithm::kNone;
     case plugin::OpType::kBroadcast:
-      return bytes == 0 || bytes > kSyncPathMaxBytes ? Algorithm::kNone : Algorithm::kBroadcast;
+      return bytes == 0 || (bytes > kSyncPathMaxBytes && !in_place) ? Algorithm::kNone : Algorithm::kBroadcast;
     default:
       return Algorithm::kNone;
   }
+}
+
+// The ring's piece size on an in-place transport; `bytes` is the op's whole
+// per-rank buffer (all_reduce: count x element). Each segment (bytes / size)
+// moves in pieces of this size, so segment / piece is the pipeline depth.
+// Pieces under UCX's eager limit (comms sets 64 KiB + 1) go eager: the
+// sender copies into the peer's shared-memory FIFO while the peer copies the
+// previous piece out, and a send never waits for the peer's receive. At 2
+// ranks, 1 MiB: 64 KiB pieces 167 µs p50, 128 KiB (rendezvous) 200, one
+// piece per segment 155-170; 4 MiB: 32 KiB 414-512 µs, 64 KiB 566-855,
+// 128 KiB 827-918, 1 MiB 3185-4510; 16 MiB: 32 KiB 13.6-16.9 ms, 64 KiB
+// 27.6, 128 KiB 25-26 (2026-11-26, loaded; docs/PERFORMANCE.md). Other
+// transports: 128 KiB.
+inline constexpr size_t kRingPieceBytes = 128 * 1024;
+constexpr size_t ring_piece_bytes(size_t bytes, bool in_place) {
+  if (!in_place) return kRingPieceBytes;
+  return bytes <= 1024 * 1024 ? 64 * 1024 : 32 * 1024;
+}
+
+// A broadcast on an in-place transport goes from the root's buffer straight
+// into each receiver's, in pieces of this size (eager, as the ring's) up to
+// kBroadcastPiecedMaxBytes, and as one rendezvous message above (the
+// receiver copies it once out of the root's memory: past the cache, one
+// copy beats two). At 2 ranks, p50 µs, pieces of 64 KiB / 128 KiB / one
+// message: 256 KiB 17.1 / 20.7 / 18.7; 1 MiB 64.6 / 88.2 / 91.1; 4 MiB
+// 273 / 469 / 346; 16 MiB 11242 / - / 10309; 64 MiB 38712 / - / 29925
+// (2026-11-26, loaded).
+inline constexpr size_t kBroadcastPieceBytes = 64 * 1024;
+inline constexpr size_t kBroadcastPiecedMaxBytes = 4 * 1024 * 1024;
+constexpr size_t broadcast_piece_bytes(size_t bytes) {
+  return bytes <= kBroadcastPiecedMaxBytes ? kBroadcastPieceBytes : bytes;
 }
 
 // The name comms-bench and describe-style output print; empty for kNone.

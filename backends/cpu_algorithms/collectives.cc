@@ -49,12 +49,13 @@ Collectives::Collectives(Transport& transport, std::chrono::milliseconds timeout
       size_(transport.size()),
       left_((rank_ + size_ - 1) % size_),
       right_((rank_ + 1) % size_),
+      in_place_(transport.sends_in_place()),
       slot_(slot_bytes(size_)),
       inbox_(slot_ * static_cast<size_t>(size_)),
       outbox_(slot_ * static_cast<size_t>(size_)),
       broadcast_(kSyncPathMaxBytes),
       tokens_(static_cast<size_t>(size_) + 1),
-      staging_(kPieceBytes) {}
+      staging_(kRingPieceBytes) {}  // ring_piece_bytes never exceeds it
 
 void Collectives::fill(const Op& op, const void* in, size_t bytes, int blocks) {
   const Header header{bytes, op.number};
@@ -168,7 +169,7 @@ void Collectives::reduce_scatter(const void* in, void* out, size_t count, size_t
   }
   if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) {
     // Segment k is rank k's block.
-    return ring_reduce_scatter(op, in, out, Layout(count * static_cast<size_t>(size_), es, size_), fn);
+    return ring_reduce_scatter(op, in, out, Layout(count * static_cast<size_t>(size_), es, size_, kRingPieceBytes), fn);
   }
   fill(op, in, bytes, size_);
   exchange_all(op, bytes, true);  // each peer gets the block it reduces
@@ -211,6 +212,25 @@ void Collectives::scatter(const void* in, void* out, size_t bytes, int root) {
 
 void Collectives::broadcast(const void* in, void* out, size_t bytes, int root) {
   const Op op(*this);
+  if (in_place_) {
+    // Straight from the root's buffer into each receiver's (algorithms.h):
+    // no staging copy on either side.
+    const size_t piece = broadcast_piece_bytes(bytes);
+    if (rank_ != root) {
+      for (size_t off = 0; off < bytes; off += piece) {
+        t_.recv(root, Channel::kBroadcast, user(out, bytes), off, std::min(piece, bytes - off), op.deadline);
+      }
+      return;
+    }
+    for (size_t off = 0; off < bytes; off += piece) {
+      for (int k = 1; k < size_; ++k) {
+        t_.send_stable((rank_ + k) % size_, Channel::kBroadcast, user(in, bytes), off, std::min(piece, bytes - off),
+                       off, op.deadline);
+      }
+    }
+    if (out != in) std::memcpy(out, in, bytes);
+    return t_.wait_sends(op.deadline);
+  }
   if (rank_ == root) {
     std::memcpy(broadcast_.data(), in, bytes);
     for (int k = 1; k < size_; ++k) {
@@ -236,11 +256,11 @@ void Collectives::barrier() {
   }
 }
 
-Collectives::Layout::Layout(size_t count, size_t es, int n)
+Collectives::Layout::Layout(size_t count, size_t es, int n, size_t piece_bytes)
     : count(count),
       es(es),
       seg((count + static_cast<size_t>(n) - 1) / static_cast<size_t>(n)),
-      piece(kPieceBytes / es),
+      piece(std::max<size_t>(1, piece_bytes / es)),
       pieces((seg + piece - 1) / piece) {}
 
 // Segment k is elements [k * seg, (k + 1) * seg) clipped to count; both ends
@@ -261,7 +281,7 @@ std::pair<size_t, size_t> Collectives::Layout::span(int segment, size_t j) const
 void Collectives::ring(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
   const int n = size_;
   const int me = rank_;
-  const Layout layout(count, es, n);
+  const Layout layout(count, es, n, ring_piece_bytes(count * es, in_place_));
   auto* in_bytes = static_cast<const unsigned char*>(in);
   auto* out_bytes = static_cast<unsigned char*>(out);
   const Region input = user(in, count * es), output = user(out, count * es);
@@ -273,7 +293,7 @@ void Collectives::ring(const Op& op, const void* in, void* out, size_t count, si
     const int recv_seg = (me - s - 1 + 2 * n) % n;
     for (size_t j = 0; j < layout.pieces; ++j) {
       if (auto [off, len] = layout.span(send_seg, j); len) {
-        t_.send(right_, Channel::kRingStaging, s == 0 ? input : output, off, len, 0, op.deadline);
+        ring_send(op, Channel::kRingStaging, s == 0 ? input : output, off, len, 0);
       }
       if (auto [off, len] = layout.span(recv_seg, j); len) {
         t_.recv(left_, Channel::kRingStaging, own(staging_), 0, len, op.deadline);
@@ -283,6 +303,17 @@ void Collectives::ring(const Op& op, const void* in, void* out, size_t count, si
   }
   // This rank now holds the reduced segment me + 1.
   pass_around(op, out, layout, (me + 1) % n);
+  if (in_place_) t_.wait_sends(op.deadline);
+}
+
+// In place, a piece sent from the input or the output is read by the peer
+// after this call returns. Safe: the input is not written until the
+// all-gather, and a segment is gathered back into this rank only after
+// every rank has reduced it, which needs every piece this rank sent of it;
+// a partial sum in the output is not written again before then either.
+void Collectives::ring_send(const Op& op, Channel ch, Region src, size_t off, size_t len, size_t dst_offset) {
+  if (in_place_) t_.send_stable(right_, ch, src, off, len, dst_offset, op.deadline);
+  else t_.send(right_, ch, src, off, len, dst_offset, op.deadline);
 }
 
 void Collectives::pass_around(const Op& op, void* out, const Layout& layout, int held) {
@@ -295,7 +326,7 @@ void Collectives::pass_around(const Op& op, void* out, const Layout& layout, int
     const int recv_seg = (held - s - 1 + 2 * n) % n;
     for (size_t j = 0; j < layout.pieces; ++j) {
       if (auto [off, len] = layout.span(send_seg, j); len) {
-        t_.send(right_, Channel::kRingOutput, output, off, len, off, op.deadline);
+        ring_send(op, Channel::kRingOutput, output, off, len, off);
       }
       if (auto [off, len] = layout.span(recv_seg, j); len) {
         t_.recv(left_, Channel::kRingOutput, output, off, len, op.deadline);
@@ -307,7 +338,9 @@ void Collectives::pass_around(const Op& op, void* out, const Layout& layout, int
 void Collectives::ring_all_gather(const Op& op, const void* in, void* out, size_t bytes) {
   auto* o = static_cast<unsigned char*>(out);
   std::memmove(o + static_cast<size_t>(rank_) * bytes, in, bytes);
-  if (size_ > 1) pass_around(op, out, Layout(bytes * static_cast<size_t>(size_), 1, size_), rank_);
+  if (size_ <= 1) return;
+  pass_around(op, out, Layout(bytes * static_cast<size_t>(size_), 1, size_, kRingPieceBytes), rank_);
+  if (in_place_) t_.wait_sends(op.deadline);
 }
 
 void Collectives::ring_reduce_scatter(const Op& op, const void* in, void* mine, const Layout& layout, ReduceFn fn) {
@@ -348,7 +381,7 @@ void Collectives::ring_reduce_scatter(const Op& op, const void* in, void* mine, 
 // needs an output.
 void Collectives::ring_reduce(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn,
                               int root) {
-  const Layout layout(count, es, size_);
+  const Layout layout(count, es, size_, kRingPieceBytes);
   const auto [my_offset, my_bytes] = layout.segment(rank_);
   unsigned char* mine;
   if (rank_ == root) {

@@ -9,11 +9,14 @@
 //    rank order, so every rank gets the same bits;
 //  - larger all_reduce, reduce_scatter, all_gather and reduce: a pipelined
 //    ring (reduce: a reduce-scatter, then each segment to the root). The
-//    message is cut into `size` segments and each segment into kPieceBytes
-//    pieces; a reduce-scatter and/or an all-gather move one piece per step,
+//    message is cut into `size` segments and each segment into pieces
+//    (ring_piece_bytes in algorithms.h: 128 KiB, on UCX 32-64 KiB by size;
+//    pieces are sent in place there); a reduce-scatter and/or an all-gather
+//    move one piece per step,
 //    so reducing a piece overlaps the neighbours' transfers. Every element is
 //    reduced once, then gathered;
-//  - broadcast up to kSyncPathMaxBytes: the root sends to every rank;
+//  - broadcast up to kSyncPathMaxBytes (any size on a transport that sends
+//    in place): the root sends to every rank;
 //  - barrier: a token from every rank to every other.
 //
 // A rank sends at most one message per peer (ring: one piece) before
@@ -48,7 +51,6 @@ class CountMismatch : public std::runtime_error {
 
 class Collectives {
  public:
-  static constexpr size_t kPieceBytes = 128 * 1024;
   // Each exchange message starts with its length and op number (16 bytes),
   // so a receiver detects a peer that passed another count (CountMismatch).
   // The ring, broadcast and barrier paths have no such check.
@@ -71,7 +73,8 @@ class Collectives {
   void all_to_all(const void* in, void* out, size_t block_bytes);
   void gather(const void* in, void* out, size_t bytes, int root);
   void scatter(const void* in, void* out, size_t bytes, int root);
-  // bytes <= kSyncPathMaxBytes. The root sends `in`; every rank gets `out`.
+  // bytes <= kSyncPathMaxBytes unless the transport sends in place. The
+  // root sends `in`; every rank gets `out`.
   void broadcast(const void* in, void* out, size_t bytes, int root);
   void barrier();
   // May change while another thread runs an op.
@@ -100,11 +103,13 @@ class Collectives {
 
   // The ring's cut of `count` elements into segments and pieces.
   struct Layout {
-    Layout(size_t count, size_t es, int n);
+    Layout(size_t count, size_t es, int n, size_t piece_bytes);
     std::pair<size_t, size_t> span(int segment, size_t j) const;  // bytes: offset, length
     std::pair<size_t, size_t> segment(int k) const;               // the same, whole segment
     size_t count, es, seg, piece, pieces;
   };
+  // Sends to the right neighbour: in place on a transport that can (ring()).
+  void ring_send(const Op& op, Channel ch, Region src, size_t off, size_t len, size_t dst_offset);
   // All-gather around the ring into out, starting from segment `held`.
   void pass_around(const Op& op, void* out, const Layout& layout, int held);
   void ring_all_gather(const Op& op, const void* in, void* out, size_t bytes);
@@ -117,6 +122,7 @@ class Collectives {
   std::atomic<int64_t> timeout_ms_;
   uint64_t ops_ = 0;  // numbers this rank's ops (Op::number)
   int rank_, size_, left_, right_;
+  bool in_place_;  // the transport sends in place (Transport::sends_in_place)
   size_t slot_;
   std::vector<unsigned char> inbox_, outbox_, broadcast_, tokens_, staging_;
   std::vector<unsigned char> partials_;  // ring reduce-scatter's partial sums, grown on demand

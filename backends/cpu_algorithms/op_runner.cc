@@ -20,7 +20,7 @@ void OpRunner::run(const plugin::OpDesc& op) {
   if (t_.size() == 1) return run_on_one_rank(op);
   const auto deadline = Clock::now() + op.timeout;
   const size_t bytes = op.count * element_size(op.dtype);
-  if (algorithm_for(op.type, bytes, t_.size()) != Algorithm::kNone) {
+  if (algorithm_for(op.type, bytes, t_.size(), t_.sends_in_place()) != Algorithm::kNone) {
     collectives_.set_timeout(op.timeout);
     return run_collective(collectives_, op);
   }

@@ -79,6 +79,11 @@ class Transport {
   }
   // Waits for every send_stable() of this op to finish.
   virtual void wait_sends(Clock::time_point /*deadline*/) {}
+  // True when send_stable() reads the caller's memory in place and recv()
+  // writes straight into it at no cost per region (UCX: rendezvous, one
+  // copy by the receiver). The large-op plans in algorithms.h then skip
+  // their staging copies. False (Gloo): regions cost a registration each.
+  virtual bool sends_in_place() const { return false; }
 
   // The op that used the non-persistent regions returned (or threw).
   virtual void op_done() {}

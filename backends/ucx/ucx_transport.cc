@@ -162,7 +162,10 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
   modify("TLS", settings.tls, "tls");
   // Every message of the small-op paths (at most kExchangeMaxBytes) goes
   // eager by default: a rendezvous handshake with a peer that sleeps costs
-  // more than the copy. The pieces of large ops (128 KiB) stay rendezvous.
+  // more than the copy. So do the pieces of a large all_reduce or broadcast
+  // (32-64 KiB, algorithms.h); a broadcast above 4 MiB and the pairwise
+  // exchange's 128 KiB pieces go rendezvous (the receiver copies them out of
+  // the sender's memory).
   const bool thresh_given = !settings.rndv_thresh.empty() || env::get("UCX_RNDV_THRESH").has_value();
   modify("RNDV_THRESH", thresh_given ? settings.rndv_thresh : std::to_string(kDefaultRndvThresh), "rndv_thresh");
   eager_limit_ = thresh_given ? 0 : kDefaultRndvThresh;  // below it UCX sends eager

@@ -87,6 +87,7 @@ class UcxTransport final : public cpu_algorithms::Transport {
   void send_stable(int peer, cpu_algorithms::Channel ch, cpu_algorithms::Region src, size_t offset, size_t len,
                    size_t dst_offset, Clock::time_point deadline) override;
   void wait_sends(Clock::time_point deadline) override;
+  bool sends_in_place() const override { return true; }
   // Drops in-place sends an op left behind (it threw): UCX must not keep
   // reading a buffer the caller may free.
   void op_done() override;

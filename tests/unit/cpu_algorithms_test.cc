@@ -48,8 +48,10 @@ class Network {
 
 class FakeTransport final : public Transport {
  public:
-  FakeTransport(Network& net, int rank) : net_(net), rank_(rank) {}
+  FakeTransport(Network& net, int rank, bool in_place = false) : net_(net), rank_(rank), in_place_(in_place) {}
   int rank() const override { return rank_; }
+  // Copies at send either way; true takes the algorithms' in-place plans.
+  bool sends_in_place() const override { return in_place_; }
   int size() const override { return net_.size(); }
 
   void send(int peer, Channel ch, Region src, size_t offset, size_t len, size_t dst_offset,
@@ -88,16 +90,17 @@ class FakeTransport final : public Transport {
  private:
   Network& net_;
   int rank_;
+  bool in_place_;
 };
 
 // Runs body(rank, collectives) on one thread per rank; then no message is left.
 void run_ranks(int size, const std::function<void(int, Collectives&)>& body, std::chrono::milliseconds timeout = 10s,
-               bool drained = true) {
+               bool drained = true, bool in_place = false) {
   Network net(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      FakeTransport t(net, r);
+      FakeTransport t(net, r, in_place);
       Collectives c(t, timeout);
       body(r, c);
     });
@@ -289,6 +292,54 @@ TEST(CpuAlgorithms, BroadcastAndBarrierReachEveryRank) {
         for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], value(root, i)) << "size " << n << " rank " << r;
         c.barrier();
       });
+    }
+  }
+}
+
+// The in-place plans (algorithms.h): broadcast in pieces up to
+// kBroadcastPiecedMaxBytes and as one message above, from every root; the
+// ring in 64 KiB and (above 1 MiB) 32 KiB pieces, in and out of place.
+TEST(CpuAlgorithms, InPlacePlansBroadcastAndReduceAtEverySwitchPoint) {
+  const size_t bcast_counts[] = {3, (3 * kBroadcastPieceBytes + 5) / 4, kBroadcastPiecedMaxBytes / 4 + 3};
+  for (int n : {2, 3}) {
+    for (size_t count : bcast_counts) {
+      for (int root = 0; root < n; ++root) {
+        SCOPED_TRACE(testing::Message() << "broadcast size " << n << " count " << count << " root " << root);
+        run_ranks(
+            n,
+            [&](int r, Collectives& c) {
+              std::vector<int32_t> in(count), out(count, -1);
+              for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+              c.broadcast(in.data(), out.data(), count * 4, root);
+              for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], value(root, i)) << "rank " << r << " at " << i;
+            },
+            10s, true, true);
+      }
+    }
+  }
+  EXPECT_EQ(algorithm_for(plugin::OpType::kBroadcast, 64u << 20, 2, true), Algorithm::kBroadcast);
+  EXPECT_EQ(ring_piece_bytes(1 << 20, true), 64u * 1024);
+  EXPECT_EQ(ring_piece_bytes((1 << 20) + 4, true), 32u * 1024);
+  EXPECT_EQ(ring_piece_bytes(1 << 20, false), kRingPieceBytes);
+  for (int n : {2, 3, 4}) {
+    for (size_t count : {size_t{70001}, size_t{(1 << 20) / 4 + 7}}) {
+      for (bool same : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "all_reduce size " << n << " count " << count << " in-place " << same);
+        run_ranks(
+            n,
+            [&](int r, Collectives& c) {
+              std::vector<int32_t> in(count), out(count, -1);
+              for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+              int32_t* dst = same ? in.data() : out.data();
+              c.all_reduce(in.data(), dst, count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum));
+              for (size_t i = 0; i < count; ++i) {
+                int32_t want = 0;
+                for (int q = 0; q < n; ++q) want += value(q, i);
+                ASSERT_EQ(dst[i], want) << "rank " << r << " element " << i;
+              }
+            },
+            10s, true, true);
+      }
     }
   }
 }

@@ -179,7 +179,7 @@ size_t ucx_shm_max(const Comm& comm) {
 // exchange; point-to-point is UCP tag send/recv.
 std::string ucx_algorithm(OpType type, size_t bytes, int n, size_t shm_max) {
   if (type == OpType::kSend) return "ucp tag send/recv";
-  const auto a = cpu_algorithms::algorithm_for(type, bytes, n);
+  const auto a = cpu_algorithms::algorithm_for(type, bytes, n, /*in_place=*/true);
   using cpu_algorithms::Algorithm;
   const bool shm = shm_max > 0 && (type == OpType::kBarrier ||
                                    (type == OpType::kBroadcast && a == Algorithm::kBroadcast && bytes <= shm_max) ||
