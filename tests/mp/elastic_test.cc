@@ -329,14 +329,16 @@ TEST(Elastic, AnOutsideKillAtARandomMomentLeavesTheOthersFinishingAndCommsrunNam
   std::mt19937 pick(std::random_device{}());
   for (const auto& backend : backends()) {
     SCOPED_TRACE(backend);
+    // 10000 steps: with shared-memory collectives a step takes 0.1-0.4 ms
+    // here, and 1500 were over before the random moment came.
     Process p = Process::start({COMMSRUN, "-n", "4", "--keep-going", "--timeout", "80", "--", TRAINER, "--elastic",
-                                "--steps", "1500", "--print-every", "50"},
+                                "--steps", "10000", "--print-every", "500"},
                                env_for(backend));
-    ASSERT_TRUE(p.read_until([](const std::string& o) { return o.find("step 50 ") != std::string::npos; }, 40s))
+    ASSERT_TRUE(p.read_until([](const std::string& o) { return o.find("step 500 ") != std::string::npos; }, 40s))
         << p.output;
-    std::this_thread::sleep_for(std::chrono::milliseconds(pick() % 300));
     auto ranks = comms::testing::children_of(p.pid);
-    ASSERT_EQ(ranks.size(), 4u);
+    ASSERT_EQ(ranks.size(), 4u) << p.output;
+    std::this_thread::sleep_for(std::chrono::milliseconds(pick() % 300));
     const pid_t pid = ranks[pick() % ranks.size()];
     kill(pid, SIGKILL);
     ASSERT_TRUE(p.wait(70s)) << p.output;
