@@ -38,7 +38,9 @@ milliseconds liveness_timeout(const AgreeOptions& o) {
 
 // Which ranks are gone: their process ended on this host (seen at once), or
 // their heartbeat stood still for the liveness timeout since this rank first
-// looked (another host, or a stopped process).
+// looked (another host, or a stopped process). A process on this host that
+// runs is alive, however late its heartbeat: on a loaded machine a watcher
+// thread can miss its ticks for seconds.
 class Liveness {
  public:
   Liveness(Store& store, const Comm::Impl& comm, milliseconds timeout)
@@ -49,18 +51,21 @@ class Liveness {
     if (key == keys_.end()) {
       // Written when the comm was created, before it connected; if it is
       // not there, only the deadline can tell.
-      std::string k;
-      bool ended = false;
+      Process p;
       try {
-        k = internal::heartbeat_key_of(store_, comm_.config().rendezvous_ns, rank, timeout_, &ended);
+        p.heartbeat = internal::heartbeat_key_of(store_, comm_.config().rendezvous_ns, rank, timeout_, &p.pid);
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kTimeout) throw;
       }
-      if (ended) return true;  // not cached: it stays ended
-      key = keys_.emplace(rank, k).first;
+      key = keys_.emplace(rank, p).first;
     }
-    if (key->second.empty()) return false;
-    const int64_t beat = store_.add(key->second, 0);
+    if (key->second.pid >= 0) {
+      const internal::LocalState state = internal::local_state(key->second.pid);
+      if (state == internal::LocalState::kEnded) return true;
+      if (state == internal::LocalState::kRunning) return false;
+    }
+    if (key->second.heartbeat.empty()) return false;
+    const int64_t beat = store_.add(key->second.heartbeat, 0);
     const auto now = Clock::now();
     auto [it, first] = seen_.try_emplace(rank, beat, now);
     if (first || it->second.first != beat) {
@@ -74,8 +79,12 @@ class Liveness {
   Store& store_;
   const Comm::Impl& comm_;
   milliseconds timeout_;
+  struct Process {
+    std::string heartbeat;  // its counter's key ("": unknown)
+    int pid = -1;           // on this host, else -1
+  };
   std::map<int, std::pair<int64_t, Clock::time_point>> seen_;
-  std::map<int, std::string> keys_;
+  std::map<int, Process> keys_;
 };
 
 // Waits for `record`, which some rank writes once; `decide` is asked between

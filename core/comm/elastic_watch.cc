@@ -47,23 +47,19 @@ const std::string& process_token() {
 
 std::string heartbeat_key(const std::string& token) { return str::cat("comms/elastic/hb/", token); }
 
-// "host:pid:nonce" -> whether that process is on this host and has ended
-// (no /proc entry, or a zombie not yet reaped).
-bool ended_here(const std::string& token) {
+// "host:pid:nonce" -> the pid when that process is on this host, else -1.
+int local_pid(const std::string& token) {
   const size_t last = token.rfind(':');
   const size_t mid = last == std::string::npos || last == 0 ? std::string::npos : token.rfind(':', last - 1);
-  if (mid == std::string::npos) return false;
+  if (mid == std::string::npos) return -1;
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
-  if (token.compare(0, mid, host) != 0 || mid != std::strlen(host)) return false;
-  std::ifstream stat(str::cat("/proc/", token.substr(mid + 1, last - mid - 1), "/stat"));
-  if (!stat) return true;
-  std::string line;
-  std::getline(stat, line);
-  const size_t paren = line.rfind(')');  // the command name may hold blanks
-  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
-  const char state = line[paren + 2];
-  return state == 'Z' || state == 'X';
+  if (token.compare(0, mid, host) != 0 || mid != std::strlen(host)) return -1;
+  try {
+    return std::stoi(token.substr(mid + 1, last - mid - 1));
+  } catch (const std::exception&) {
+    return -1;
+  }
 }
 
 struct StoreState {
@@ -185,10 +181,26 @@ void tick() {
 
 std::string revoked_key(const std::string& ns) { return str::cat(ns, "/elastic/revoked"); }
 std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std::chrono::milliseconds timeout,
-                             bool* ended) {
+                             int* pid) {
   const std::string token = store.get(str::cat(ns, "/elastic/process/", rank), timeout);
-  *ended = ended_here(token);
+  *pid = local_pid(token);
   return heartbeat_key(token);
+}
+
+LocalState local_state(int pid) {
+  std::ifstream stat(str::cat("/proc/", pid, "/stat"));
+  if (!stat) return LocalState::kEnded;
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');  // the command name may hold blanks
+  if (paren == std::string::npos || paren + 2 >= line.size()) return LocalState::kRunning;
+  switch (line[paren + 2]) {
+    case 'Z':
+    case 'X': return LocalState::kEnded;
+    case 'T':
+    case 't': return LocalState::kStopped;
+    default: return LocalState::kRunning;
+  }
 }
 
 std::optional<std::string> store_lost(const Store& store) {

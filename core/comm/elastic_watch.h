@@ -29,10 +29,16 @@ void unwatch_comm(Comm::Impl* impl);
 
 std::string revoked_key(const std::string& ns);
 // The heartbeat counter of the process behind `rank` of the comm `ns`;
-// *ended tells whether that process is on this host and has ended (a
-// local death needs no heartbeat to go stale).
+// *pid is that process's pid when it is on this host, else -1.
 std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std::chrono::milliseconds timeout,
-                             bool* ended);
+                             int* pid);
+// A process on this host, from /proc: a local rank needs no heartbeat to
+// tell that it ended, nor that it runs (a stalled watcher thread on a busy
+// machine is not a lost rank); only a stopped one (SIGSTOP) is judged by its
+// heartbeat. (A dead rank's pid reused meanwhile reads as running: then
+// only the agreement's deadline finds it.)
+enum class LocalState { kRunning, kStopped, kEnded };
+LocalState local_state(int pid);
 // Why the watcher gave up on `store` (it failed several ticks in a row; the
 // watched comms on it were revoked then), or nothing.
 std::optional<std::string> store_lost(const Store& store);

@@ -19,7 +19,9 @@
 // each process's comms watcher writes there about every 100 ms: a rank whose
 // heartbeat stands still for the liveness timeout (dead, or stopped with
 // SIGSTOP) is lost, and one whose process ended on this host at once; so is
-// one that has not joined the agreement by its deadline. A rank that is
+// one that has not joined the agreement by its deadline. A rank whose
+// process runs on this host is never lost before that deadline, however
+// late its heartbeat (a watcher thread on a busy machine misses ticks). A rank that is
 // alive learns of a revocation from the store within about 100 ms, however
 // idle it is. A store that fails three heartbeats in a row is lost: the
 // watcher revokes its elastic comms, whose ops then fail saying so, and
