@@ -14,6 +14,7 @@
 
 #include "buffers.h"
 #include "comms/comm.h"
+#include "comms/elastic.h"
 
 namespace comms_py {
 
@@ -49,6 +50,8 @@ py::object run_op(const std::shared_ptr<comms::Comm>& comm, const char* op, bool
 
 comms::ReduceOp reduce_op_of(py::handle op);
 std::optional<comms::Device> device_of(const std::optional<std::string>& text);
+// The timeouts of an agreement (comms/elastic.h); unset: the comm's own.
+comms::AgreeOptions agree_options(std::optional<Millis> timeout, std::optional<Millis> liveness_timeout);
 py::object device_to_py(const std::optional<comms::Device>& device);
 
 void bind_comm(py::module_& m);

@@ -229,13 +229,6 @@ void bind_lifecycle(py::module_& m) {
   m.def("shutdown", &dist::shutdown, py::call_guard<py::gil_scoped_release>());
 }
 
-comms::AgreeOptions agree_options(std::optional<Millis> timeout, std::optional<Millis> liveness_timeout) {
-  comms::AgreeOptions o;
-  o.timeout = timeout;
-  o.liveness_timeout = liveness_timeout;
-  return o;
-}
-
 py::dict recover_dict(const dist::RecoverResult& r) {
   py::dict d;
   d["excluded"] = r.excluded;

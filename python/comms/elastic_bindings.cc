@@ -5,16 +5,16 @@
 
 namespace comms_py {
 
-namespace {
-
-using CommPtr = std::shared_ptr<comms::Comm>;
-
 comms::AgreeOptions agree_options(std::optional<Millis> timeout, std::optional<Millis> liveness_timeout) {
   comms::AgreeOptions o;
   o.timeout = timeout;
   o.liveness_timeout = liveness_timeout;
   return o;
 }
+
+namespace {
+
+using CommPtr = std::shared_ptr<comms::Comm>;
 
 py::dict agreement_dict(const comms::Agreement& a) {
   py::dict d;
