@@ -129,7 +129,7 @@ std::shared_ptr<::gloo::rendezvous::Context> GlooBackend::connect_mesh(const std
 
 Status GlooBackend::init() {
   if (init_.size == 1) return {};  // nothing to connect to: run_op() copies
-  const std::set<int> sockets_before = socket_fds();
+  const SocketFds sockets_before = socket_fds();
   try {
     device_ = shared_device(config_);
     ctx_ = connect_mesh("async/");

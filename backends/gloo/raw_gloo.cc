@@ -30,7 +30,7 @@ RawGloo::RawGloo(Store& store, int rank, int size, int local_size, std::chrono::
   ::gloo::transport::tcp::attr attr;
   attr.hostname = "127.0.0.1";
   impl_->device = ::gloo::transport::tcp::CreateDevice(attr);
-  const std::set<int> sockets_before = socket_fds();
+  const SocketFds sockets_before = socket_fds();
   for (auto* which : {&impl_->async_ctx, &impl_->sync_ctx}) {
     auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(timeout);

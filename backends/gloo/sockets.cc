@@ -55,8 +55,8 @@ bool still_the_same(const FoundSocket& s) {
          same_endpoint(remote, s.remote);
 }
 
-std::set<int> socket_fds() {
-  std::set<int> out;
+SocketFds socket_fds() {
+  SocketFds out;
   DIR* dir = opendir("/proc/self/fd");
   if (!dir) return out;
   while (dirent* e = readdir(dir)) {
@@ -66,23 +66,25 @@ std::set<int> socket_fds() {
     // The link's text ("socket:[inode]"), not fstat(fd): the descriptor may
     // belong to another thread that is closing it (Gloo's pairs), and
     // reading it would race with that close (TSan reported it).
-    char target[32] = {};
+    char target[64] = {};
     const ssize_t n = readlinkat(dirfd(dir), e->d_name, target, sizeof target - 1);
-    if (n > 0 && std::strncmp(target, "socket:", 7) == 0) out.insert(static_cast<int>(fd));
+    if (n <= 0 || std::strncmp(target, "socket:[", 8) != 0) continue;
+    out[static_cast<int>(fd)] = std::strtoull(target + 8, nullptr, 10);
   }
   closedir(dir);
   return out;
 }
 
-std::set<int> sockets_opened_since(const std::set<int>& before) {
+std::set<int> sockets_opened_since(const SocketFds& before) {
   std::set<int> out;
-  for (int fd : socket_fds()) {
-    if (!before.contains(fd)) out.insert(fd);
+  for (const auto& [fd, inode] : socket_fds()) {
+    auto it = before.find(fd);
+    if (it == before.end() || it->second != inode) out.insert(fd);
   }
   return out;
 }
 
-void set_cloexec_on_sockets_since(const std::set<int>& before) {
+void set_cloexec_on_sockets_since(const SocketFds& before) {
   for (int fd : sockets_opened_since(before)) {
     const int flags = fcntl(fd, F_GETFD);
     if (flags >= 0 && !(flags & FD_CLOEXEC)) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);

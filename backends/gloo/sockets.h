@@ -7,6 +7,8 @@
 
 #include <sys/socket.h>
 
+#include <cstdint>
+#include <map>
 #include <set>
 #include <utility>
 #include <vector>
@@ -35,16 +37,19 @@ std::vector<std::pair<FoundSocket, size_t>> sockets_bound_to(const std::set<int>
 // Whether s.fd is still that socket (a closed descriptor's number is reused).
 bool still_the_same(const FoundSocket& s);
 
-// The descriptors of this process that are sockets.
-std::set<int> socket_fds();
+// The descriptors of this process that are sockets, each with its socket's
+// inode: a number closed and reused in between (another comm's pair, closed
+// by Gloo's device thread once its peer went) is another socket.
+using SocketFds = std::map<int, uint64_t>;
+SocketFds socket_fds();
 
-// The sockets opened since `before`.
-std::set<int> sockets_opened_since(const std::set<int>& before);
+// The sockets opened since `before`, reused numbers included.
+std::set<int> sockets_opened_since(const SocketFds& before);
 
 // Gloo opens its sockets without close-on-exec, so a program a rank runs
 // would hold the rank's connections open after the rank died and its peers
 // would not see it go. Marks every socket opened since `before` (taken just
 // ahead of Gloo's connect) close-on-exec.
-void set_cloexec_on_sockets_since(const std::set<int>& before);
+void set_cloexec_on_sockets_since(const SocketFds& before);
 
 }  // namespace comms::gloo_backend
