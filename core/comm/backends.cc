@@ -182,7 +182,6 @@ void Comm::Impl::flush_barrier(DeviceType t) {
   record.seq = d.seq;
   record.op = OpType::kBarrier;
   record.device = t;
-  record.issued_ns = trace::now_ns();
   recorder_->issued(record);
   std::unique_ptr<plugin::Work> work;
   Status st = internal::call_plugin(s.plugin->name, "submit", [&] { return s.backend->submit(d, &work); });

@@ -23,6 +23,7 @@
 #include "bootstrap/init_progress.h"
 #include "plugins/plugin_registry.h"
 #include "trace/recorder.h"
+#include "trace/service.h"
 #include "comm/validate.h"
 
 namespace comms {
@@ -80,6 +81,12 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     // Device memory in use after the last offload released the backend
     // (measured between its finalize and its destruction); -1 if unknown.
     int64_t memory_after_offload = -1;
+    // supports_reduction's answers for `reductions_of` (the backend object
+    // asked): per ReduceKind, one bit per DataType. Atomic: two threads may
+    // issue ops on one comm.
+    std::atomic<const plugin::Backend*> reductions_of{nullptr};
+    std::array<std::atomic<uint16_t>, kNumReduceKinds> reductions_known{};
+    std::array<std::atomic<uint16_t>, kNumReduceKinds> reductions_supported{};
   };
 
   // Everything needed to create a comm; also what a reload replays.
@@ -225,7 +232,13 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   plugin::OpDesc op_desc(const internal::OpArgs& args, const OpOptions& opts, const internal::Checked& c,
                          const Slot& s, uint64_t seq) const;
   // Which backend runs the op; throws when it cannot run ops.
-  DeviceType op_device(const internal::OpArgs& args, const internal::Checked& c) const;
+  DeviceType op_device(const internal::OpArgs& args, const internal::Checked& c);
+  // A collective given a tag, or a timeout that is not positive.
+  [[gnu::cold]] Error bad_options(plugin::OpType type, const OpOptions& opts) const;
+  // Why backend `t` cannot run ops (absent, offloaded, failed or revoked).
+  [[gnu::cold]] Error unusable_backend(plugin::OpType type, DeviceType t) const;
+  // The backend's supports_reduction, asked once per dtype and kind.
+  bool supports_reduction(Slot& s, DataType dtype, ReduceKind kind, plugin::OpType type) const;
   Slot& slot(DeviceType t) { return slots_[static_cast<size_t>(t)]; }
   const Slot& slot(DeviceType t) const { return slots_[static_cast<size_t>(t)]; }
 
@@ -239,6 +252,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   std::atomic<uint64_t> seq_{0};
   bool finalized_ = false;
   std::shared_ptr<trace::Recorder> recorder_;
+  const bool detail_checks_ = trace::detail_checks();  // COMMS_DEBUG=detail
   std::atomic<bool> revoked_{false};
   ElasticState elastic_;
   // Steps of shrink_to.

@@ -86,54 +86,84 @@ void Comm::Impl::fail_op(OpType type, uint64_t seq, const Status& status, Device
   throw op_error(type, seq, status, t);
 }
 
-DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::Checked& c) const {
-  DeviceType t = c.device_type;
-  if (args.type == OpType::kBarrier || (args.type == OpType::kBatchP2P && args.p2p.empty())) {
-    t = config_.bound_device ? config_.bound_device->type
-        : config_.spec.has(DeviceType::kCpu) ? DeviceType::kCpu
-                                             : DeviceType::kCuda;
-  }
+Error Comm::Impl::unusable_backend(OpType type, DeviceType t) const {
   const Slot& s = slot(t);
   const uint64_t next = seq_.load() + 1;
   switch (s.state.load()) {
     case BackendState::kAbsent:
-      throw make_error(args.type, next,
-                       {ErrorCode::kInvalidArgument,
-                        str::cat("no backend for device type '", to_string(t), "' in this comm (backends: ",
-                                 config_.spec.to_string(), "); create the comm with e.g. 'cpu:gloo,cuda:nccl'")});
+      return make_error(type, next,
+                        {ErrorCode::kInvalidArgument,
+                         str::cat("no backend for device type '", to_string(t), "' in this comm (backends: ",
+                                  config_.spec.to_string(), "); create the comm with e.g. 'cpu:gloo,cuda:nccl'")});
     case BackendState::kOffloaded:
-      throw make_error(args.type, next,
-                       {ErrorCode::kAborted,
-                        str::cat("the ", s.plugin->name, " backend for ", to_string(t),
-                                 " is offloaded; reload it first (dist::reload_groups() or "
-                                 "Comm::reload_backend)")});
-    case BackendState::kFailed:
+      return make_error(type, next,
+                        {ErrorCode::kAborted,
+                         str::cat("the ", s.plugin->name, " backend for ", to_string(t),
+                                  " is offloaded; reload it first (dist::reload_groups() or "
+                                  "Comm::reload_backend)")});
+    default: {
+      std::string failure;
+      {
+        std::lock_guard<std::mutex> lock(state_mu_);
+        failure = s.failure;
+      }
       if (revoked_.load()) {
         // Recovery runs through the store: no advice to recover when it is gone.
         const bool store_alive = !config_.store || !internal::store_lost(*config_.store);
-        throw make_error(args.type, next,
-                         {ErrorCode::kRevoked,
-                          str::cat(s.failure, store_alive ? "; recover (comms::recover) and use the shrunk comm" : "")});
+        return make_error(type, next,
+                          {ErrorCode::kRevoked,
+                           str::cat(failure, store_alive ? "; recover (comms::recover) and use the shrunk comm" : "")});
       }
-      throw make_error(args.type, next,
-                       {ErrorCode::kAborted, str::cat("the comm failed earlier and cannot run ops: ", s.failure)});
-    default:
-      break;
+      return make_error(type, next,
+                        {ErrorCode::kAborted, str::cat("the comm failed earlier and cannot run ops: ", failure)});
+    }
   }
-  // Before any plugin call (lazy init, supports_reduction, submit): a buffer
-  // on another device would reach the plugin as if it were on the comm's.
-  if (Status st = internal::check_device(args, s.device, s.plugin->name); !st.is_ok()) {
-    throw make_error(args.type, next, st);
+}
+
+bool Comm::Impl::supports_reduction(Slot& s, DataType dtype, ReduceKind kind, OpType type) const {
+  // Asked once per (dtype, kind) of each backend object: the answer is fixed
+  // for a backend's life (plugin.h), and a replaced backend is asked again.
+  static_assert(kNumDataTypes <= 16, "one bit per dtype");
+  const uint16_t mask = static_cast<uint16_t>(1u << static_cast<unsigned>(dtype));
+  auto& known = s.reductions_known[static_cast<size_t>(kind)];
+  auto& yes = s.reductions_supported[static_cast<size_t>(kind)];
+  if (s.reductions_of.load(std::memory_order_relaxed) == s.backend.get()) {
+    if (known.load(std::memory_order_relaxed) & mask) return (yes.load(std::memory_order_relaxed) & mask) != 0;
+  } else {
+    for (auto& k : s.reductions_known) k.store(0, std::memory_order_relaxed);
+    for (auto& y : s.reductions_supported) y.store(0, std::memory_order_relaxed);
+    s.reductions_of.store(s.backend.get(), std::memory_order_relaxed);
   }
-  if (!reduces(args.type)) return t;
   bool supported = false;
   const Status st = internal::call_plugin(s.plugin->name, "supports_reduction", [&] {
-    supported = s.backend->supports_reduction(c.dtype, args.reduce.kind);
+    supported = s.backend->supports_reduction(dtype, kind);
     return Status{};
   });
-  if (!st.is_ok()) throw make_error(args.type, next, st);
-  if (!supported) {
-    throw make_error(args.type, next,
+  if (!st.is_ok()) throw make_error(type, seq_.load() + 1, st);
+  if (supported) yes.fetch_or(mask, std::memory_order_relaxed);
+  known.fetch_or(mask, std::memory_order_relaxed);
+  return supported;
+}
+
+DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::Checked& c) {
+  DeviceType t = c.device_type;
+  if (args.type == OpType::kBarrier || (args.type == OpType::kBatchP2P && args.p2p.empty())) [[unlikely]] {
+    t = config_.bound_device ? config_.bound_device->type
+        : config_.spec.has(DeviceType::kCpu) ? DeviceType::kCpu
+                                             : DeviceType::kCuda;
+  }
+  Slot& s = slot(t);
+  const BackendState state = s.state.load();
+  if (state != BackendState::kReady && state != BackendState::kLazy) [[unlikely]] throw unusable_backend(args.type, t);
+  // Before any plugin call (lazy init, supports_reduction, submit): a buffer
+  // on another device would reach the plugin as if it were on the comm's.
+  if (s.device.index >= 0) [[unlikely]] {
+    if (Status st = internal::check_device(args, s.device, s.plugin->name); !st.is_ok()) {
+      throw make_error(args.type, seq_.load() + 1, st);
+    }
+  }
+  if (reduces(args.type) && !supports_reduction(s, c.dtype, args.reduce.kind, args.type)) [[unlikely]] {
+    throw make_error(args.type, seq_.load() + 1,
                      {ErrorCode::kUnsupported, str::cat("backend '", s.plugin->name, "' does not support ",
                                                         to_string(args.reduce.kind), " on ", to_string(c.dtype))});
   }
@@ -175,7 +205,6 @@ trace::OpRecord Comm::Impl::op_record(const plugin::OpDesc& d, DeviceType t) con
   r.root = has_root(d.type) ? d.root : -1;
   r.peer = d.type == OpType::kSend || d.type == OpType::kRecv ? d.peer : -1;
   r.count = d.count;
-  r.issued_ns = recorder_->capacity() ? trace::now_ns() : 0;  // off: no clock read
   return r;
 }
 
@@ -193,33 +222,40 @@ void Comm::Impl::check_same_args(const trace::OpRecord& r, const internal::OpArg
   throw e;
 }
 
+[[gnu::cold]] Error Comm::Impl::bad_options(OpType type, const OpOptions& opts) const {
+  if (opts.tag != 0 && !is_p2p(type)) {
+    // Every option takes effect or is rejected: collectives have no tags.
+    return make_error(type, seq_.load() + 1,
+                      {ErrorCode::kInvalidArgument,
+                       str::cat("OpOptions::tag (", opts.tag, ") only applies to send, recv and batch_p2p; ",
+                                plugin::op_name(type), " is a collective and takes no tag")});
+  }
+  return make_error(type, seq_.load() + 1, {ErrorCode::kInvalidArgument, "the op timeout must be positive"});
+}
+
 Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
+  // The path of every op: what a passing op does not need (messages,
+  // routed hints, the COMMS_DEBUG=detail exchange) stays off it.
   internal::Checked c;
   Status st = internal::validate(args, config_.rank, config_.size, &c);
-  if (!st.is_ok()) throw make_error(args.type, seq_.load() + 1, st);
-  if (opts.tag != 0 && !is_p2p(args.type)) {
-    // Every option takes effect or is rejected: collectives have no tags.
-    throw make_error(args.type, seq_.load() + 1,
-                     {ErrorCode::kInvalidArgument,
-                      str::cat("OpOptions::tag (", opts.tag, ") only applies to send, recv and batch_p2p; ",
-                               plugin::op_name(args.type), " is a collective and takes no tag")});
-  }
+  if (!st.is_ok()) [[unlikely]] throw make_error(args.type, seq_.load() + 1, st);
+  if (opts.tag != 0 && !is_p2p(args.type)) [[unlikely]] throw bad_options(args.type, opts);
   const DeviceType t = op_device(args, c);
-  if (opts.timeout && opts.timeout->count() <= 0) {
-    throw make_error(args.type, seq_.load() + 1, {ErrorCode::kInvalidArgument, "the op timeout must be positive"});
-  }
+  if (opts.timeout && opts.timeout->count() <= 0) [[unlikely]] throw bad_options(args.type, opts);
   Slot& s = slot(t);
-  const uint64_t seq = ++seq_;
+  // One issuing thread at a time (comm.h): no locked add on every op.
+  const uint64_t seq = seq_.load(std::memory_order_relaxed) + 1;
+  seq_.store(seq, std::memory_order_relaxed);
   plugin::OpDesc d = op_desc(args, opts, c, s, seq);
-  const trace::OpRecord record = op_record(d, t);
-  recorder_->issued(record);
   const bool lazy = s.state.load() == BackendState::kLazy;
-  ensure_ready(s, t, args.type, seq);
-  const bool checks = trace::detail_checks() && !is_p2p(args.type);
+  const bool checks = detail_checks_ && !is_p2p(args.type);
+  // Nothing runs between issue and start unless the backend connects or
+  // the arguments are compared first: then start is stamped on its own.
+  const trace::OpRecord record = op_record(d, t);
+  recorder_->issued(record, recorder_->capacity() ? trace::ticks() : 0, /*started=*/!lazy && !checks);
+  if (lazy) ensure_ready(s, t, args.type, seq);
   if (checks) check_same_args(record, args, d.timeout, t);
-  // Nothing ran since the issue: its time (one clock read fewer per op).
-  if (lazy || checks || !record.issued_ns) recorder_->started(seq);
-  else recorder_->started(seq, record.issued_ns);
+  if (lazy || checks) recorder_->started(seq);
 
   std::vector<void*> output_list;
   if (args.type == OpType::kAllGatherList) {
@@ -227,19 +263,20 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
     for (const auto& b : args.outputs) output_list.push_back(b.data);
     d.output_list = output_list;
   }
-  std::array<Hints, kNumDeviceTypes> op_hints;
-  if (!opts.hints.empty()) {
+  std::unique_ptr<std::array<Hints, kNumDeviceTypes>> op_hints;  // built only when given
+  if (!opts.hints.empty()) [[unlikely]] {
     try {
-      op_hints = internal::route_hints(opts.hints, config_.spec, config_.name);
+      op_hints = std::make_unique<std::array<Hints, kNumDeviceTypes>>(
+          internal::route_hints(opts.hints, config_.spec, config_.name));
     } catch (const Error& e) {  // with the op's comm, name, seq and rank
       throw make_error(args.type, seq, {e.code(), e.what()});
     }
-    d.hints = &op_hints[static_cast<size_t>(t)];
+    d.hints = &(*op_hints)[static_cast<size_t>(t)];
   }
 
   std::unique_ptr<plugin::Work> work;
   st = internal::call_plugin(s.plugin->name, "submit", [&] { return s.backend->submit(d, &work); });
-  if (!st.is_ok()) fail_op(args.type, seq, st, t);
+  if (!st.is_ok()) [[unlikely]] fail_op(args.type, seq, st, t);
   if (!work) {
     recorder_->completed(seq, args.type);
     return Work();
@@ -248,7 +285,7 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
     return Work(std::make_shared<detail::WorkState>(shared_from_this(), std::move(work), args.type, seq, t));
   }
   st = internal::call_plugin(s.plugin->name, "wait", [&] { return work->wait(WaitMode::kStream); });
-  if (!st.is_ok()) fail_op(args.type, seq, st, t);
+  if (!st.is_ok()) [[unlikely]] fail_op(args.type, seq, st, t);
   recorder_->completed(seq, args.type);
   return Work();
 }

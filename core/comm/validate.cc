@@ -12,46 +12,68 @@ namespace {
 
 using plugin::OpType;
 
-Status invalid(std::string message) { return {ErrorCode::kInvalidArgument, std::move(message)}; }
+// The checks below run on every op. Each passing check is a compare inlined
+// into its op's rules; the message of a failing one is built out of line
+// (COMMS_COLD), so a passing op formats, allocates and returns nothing but
+// one ok Status.
+#define COMMS_COLD [[gnu::cold, gnu::noinline]]
+
+COMMS_COLD Status invalid(std::string message) { return {ErrorCode::kInvalidArgument, std::move(message)}; }
 
 std::string describe(const BufferView& b) {
   return str::cat(b.count, " x ", to_string(b.dtype), " on ", b.device.to_string());
 }
 
-// A view that is used must point somewhere when it has elements.
-Status check_present(const BufferView& b, std::string_view what) {
-  if (b.data == nullptr && b.count > 0) {
-    return invalid(str::cat(what, " is null but has ", b.count, " elements"));
-  }
-  return {};
-}
-
 // Message parts that need formatting come as a callable, run only when the
-// check fails: a passing op formats (and allocates) nothing.
+// check fails.
 template <class Text>
 std::string text_of(const Text& t) {
   if constexpr (std::is_invocable_v<const Text&>) return t();
   else return std::string(t);
 }
 
-template <class Because>
-Status check_count(const BufferView& b, std::string_view what, size_t expected, const Because& because) {
-  if (b.count != expected) {
-    return invalid(str::cat(what, " has ", b.count, " elements; expected ", expected, " (",
-                                text_of(because), ")"));
+COMMS_COLD Status null_with_elements(const BufferView& b, std::string_view what) {
+  return invalid(str::cat(what, " is null but has ", b.count, " elements"));
+}
+
+COMMS_COLD Status wrong_count(const BufferView& b, std::string_view what, size_t expected, std::string because) {
+  return invalid(str::cat(what, " has ", b.count, " elements; expected ", expected, " (", because, ")"));
+}
+
+COMMS_COLD Status different_kind(const BufferView& a, const BufferView& b, std::string_view what_b) {
+  if (a.dtype != b.dtype) {
+    return invalid(str::cat(what_b, " is ", to_string(b.dtype), " but input is ", to_string(a.dtype)));
   }
+  return invalid(str::cat(what_b, " is on ", b.device.to_string(), " but input is on ", a.device.to_string()));
+}
+
+COMMS_COLD Status undefined_reduction(const BufferView& b, const ReduceOp& op) {
+  return {ErrorCode::kUnsupported,
+          str::cat("reduce op '", to_string(op.kind), "' is not defined for ", to_string(b.dtype),
+                   is_floating_point(b.dtype) ? " (bitwise ops need integer or bool types)"
+                                              : " (avg and premul_sum need numeric types)")};
+}
+
+COMMS_COLD Status rank_out_of_range(int r, int size, std::string_view what) {
+  return invalid(str::cat(what, " ", r, " is out of range [0, ", size, ")"));
+}
+
+// A view that is used must point somewhere when it has elements.
+inline Status check_present(const BufferView& b, std::string_view what) {
+  if (b.data == nullptr && b.count > 0) [[unlikely]] return null_with_elements(b, what);
   return {};
 }
 
-Status check_same_kind(const BufferView& a, const BufferView& b, std::string_view what_b) {
-  if (a.dtype != b.dtype) {
-    return invalid(str::cat(what_b, " is ", to_string(b.dtype), " but input is ",
-                                to_string(a.dtype)));
-  }
-  if (a.device.type != b.device.type || (a.device.index >= 0 && b.device.index >= 0 &&
-                                          a.device.index != b.device.index)) {
-    return invalid(str::cat(what_b, " is on ", b.device.to_string(), " but input is on ",
-                                a.device.to_string()));
+template <class Because>
+inline Status check_count(const BufferView& b, std::string_view what, size_t expected, const Because& because) {
+  if (b.count != expected) [[unlikely]] return wrong_count(b, what, expected, text_of(because));
+  return {};
+}
+
+inline Status check_same_kind(const BufferView& a, const BufferView& b, std::string_view what_b) {
+  if (a.dtype != b.dtype || a.device.type != b.device.type ||
+      (a.device.index >= 0 && b.device.index >= 0 && a.device.index != b.device.index)) [[unlikely]] {
+    return different_kind(a, b, what_b);
   }
   return {};
 }
@@ -60,21 +82,13 @@ bool multiply_overflows(size_t a, size_t b) {
   return b != 0 && a > std::numeric_limits<size_t>::max() / b;
 }
 
-Status check_reduction(const BufferView& b, const ReduceOp& op) {
-  if (!reduction_defined(b.dtype, op.kind)) {
-    return {ErrorCode::kUnsupported,
-            str::cat("reduce op '", to_string(op.kind), "' is not defined for ",
-                         to_string(b.dtype),
-                         is_floating_point(b.dtype) ? " (bitwise ops need integer or bool types)"
-                                                    : " (avg and premul_sum need numeric types)")};
-  }
+inline Status check_reduction(const BufferView& b, const ReduceOp& op) {
+  if (!reduction_defined(b.dtype, op.kind)) [[unlikely]] return undefined_reduction(b, op);
   return {};
 }
 
-Status check_rank(int r, int size, std::string_view what) {
-  if (r < 0 || r >= size) {
-    return invalid(str::cat(what, " ", r, " is out of range [0, ", size, ")"));
-  }
+inline Status check_rank(int r, int size, std::string_view what) {
+  if (r < 0 || r >= size) [[unlikely]] return rank_out_of_range(r, size, what);
   return {};
 }
 
@@ -100,10 +114,10 @@ Status sum_counts(std::span<const size_t> counts, int size, std::string_view wha
   return {};
 }
 
-#define COMMS_RETURN_IF_ERROR(expr)     \
-  do {                                  \
-    Status _s = (expr);                 \
-    if (!_s.is_ok()) return _s;         \
+#define COMMS_RETURN_IF_ERROR(expr)              \
+  do {                                           \
+    Status _s = (expr);                          \
+    if (!_s.is_ok()) [[unlikely]] return _s;     \
   } while (0)
 
 // Each op's rules, one function per op (or per family sharing them): which
@@ -118,8 +132,8 @@ struct Ctx {
 
 // An output that aliases its input must be exactly the in-place form.
 template <class Why>
-Status check_aliasing(const BufferView& in, const BufferView& o, bool in_place, const Why& why) {
-  if (!in_place && overlaps(in.data, in.bytes(), o.data, o.bytes())) return invalid(text_of(why));
+inline Status check_aliasing(const BufferView& in, const BufferView& o, bool in_place, const Why& why) {
+  if (!in_place && overlaps(in.data, in.bytes(), o.data, o.bytes())) [[unlikely]] return invalid(text_of(why));
   return {};
 }
 

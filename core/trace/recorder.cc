@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <bit>
+#include <fstream>
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "config/env.h"
@@ -19,20 +23,88 @@ std::string_view to_string(OpState s) {
   return "unknown";
 }
 
+namespace {
+
+#if defined(__x86_64__)
+// The TSC and now_ns() read together: a pair whose two now_ns() readings
+// are more than 10 us apart (preempted in between) is read again.
+void read_pair(int64_t* tick, int64_t* ns) {
+  for (int tries = 0;; ++tries) {
+    const int64_t before = now_ns();
+    *tick = static_cast<int64_t>(__builtin_ia32_rdtsc());
+    const int64_t after = now_ns();
+    *ns = before + (after - before) / 2;
+    if (after - before <= 10000 || tries == 100) return;
+  }
+}
+#endif
+
+}  // namespace
+
+namespace detail {
+
+TickClock g_tick_clock;
+
+void start_tick_clock() {
+  static const bool started = [] {
+#if defined(__x86_64__)
+    std::ifstream source("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+    std::string name;
+    if (source >> name && name == "tsc") {
+      read_pair(&g_tick_clock.tick0, &g_tick_clock.ns0);
+      g_tick_clock.tsc = true;
+    }
+#endif
+    return true;
+  }();
+  (void)started;
+}
+
+}  // namespace detail
+
+TicksToNs::TicksToNs() {
+  detail::start_tick_clock();
+  const detail::TickClock& c = detail::g_tick_clock;
+  tsc_ = c.tsc;
+#if defined(__x86_64__)
+  if (!tsc_) return;
+  // The rate from the first reading to now: the longer the process ran, the
+  // finer. A converter made less than 1 ms after the first reading waits
+  // for that 1 ms.
+  do read_pair(&tick1_, &ns1_);
+  while (ns1_ - c.ns0 < 1000000);
+  ns_per_tick_ = static_cast<long double>(ns1_ - c.ns0) / static_cast<long double>(tick1_ - c.tick0);
+#endif
+}
+
+int64_t TicksToNs::operator()(int64_t t) const {
+  if (!tsc_ || t == 0) return t;
+  return ns1_ - static_cast<int64_t>(static_cast<long double>(tick1_ - t) * ns_per_tick_);
+}
+
 size_t configured_capacity() {
   static const size_t capacity = static_cast<size_t>(env::get_int("COMMS_TRACE_BUFFER", 2000, 0, 1 << 24));
   return capacity;
 }
 
+namespace {
+size_t ring_slots(size_t capacity) { return capacity ? std::bit_ceil(capacity) : 0; }
+}  // namespace
+
 Recorder::Recorder(CommInfo info, size_t capacity)
-    : info_(std::move(info)), capacity_(capacity), slots_(capacity ? new Slot[capacity] : nullptr) {}
+    : info_(std::move(info)),
+      capacity_(capacity),
+      mask_(capacity ? ring_slots(capacity) - 1 : 0),
+      slots_(capacity ? new Slot[ring_slots(capacity)] : nullptr) {
+  detail::start_tick_clock();
+}
 
 Recorder::Slot* Recorder::slot_of(uint64_t seq) const {
   if (capacity_ == 0) return nullptr;
-  return &slots_[seq % capacity_];
+  return &slots_[seq & mask_];
 }
 
-void Recorder::issued(const OpRecord& r) {
+void Recorder::issued(const OpRecord& r, int64_t at, bool started) {
   last_entered_.store(r.seq, std::memory_order_relaxed);
   last_entered_op_.store(static_cast<uint8_t>(r.op), std::memory_order_relaxed);
   Slot* s = slot_of(r.seq);
@@ -45,19 +117,19 @@ void Recorder::issued(const OpRecord& r) {
                  std::memory_order_relaxed);
   s->root.store(r.root, std::memory_order_relaxed);
   s->peer.store(r.peer, std::memory_order_relaxed);
-  s->issued_ns.store(r.issued_ns, std::memory_order_relaxed);
-  s->started_ns.store(0, std::memory_order_relaxed);
-  s->ended_ns.store(0, std::memory_order_relaxed);
+  s->issued.store(at, std::memory_order_relaxed);
+  s->started.store(started ? at : 0, std::memory_order_relaxed);
+  s->ended.store(0, std::memory_order_relaxed);
   s->async.store(r.async, std::memory_order_relaxed);
-  s->state.store(static_cast<uint8_t>(OpState::kIssued), std::memory_order_relaxed);
+  s->state.store(static_cast<uint8_t>(started ? OpState::kStarted : OpState::kIssued), std::memory_order_relaxed);
   s->error.store(0, std::memory_order_relaxed);
   s->seq.store(r.seq, std::memory_order_release);
 }
 
-void Recorder::started(uint64_t seq, int64_t now) {
+void Recorder::started(uint64_t seq) {
   Slot* s = slot_of(seq);
   if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
-  s->started_ns.store(now, std::memory_order_relaxed);
+  s->started.store(ticks(), std::memory_order_relaxed);
   s->state.store(static_cast<uint8_t>(OpState::kStarted), std::memory_order_release);
 }
 
@@ -69,21 +141,22 @@ void Recorder::completed(uint64_t seq, plugin::OpType op) {
   if (prev < seq) last_completed_op_.store(static_cast<uint8_t>(op), std::memory_order_relaxed);
   Slot* s = slot_of(seq);
   if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
-  if (s->started_ns.load(std::memory_order_relaxed) == 0) s->started_ns.store(now_ns(), std::memory_order_relaxed);
-  s->ended_ns.store(now_ns(), std::memory_order_relaxed);
+  const int64_t now = ticks();
+  if (s->started.load(std::memory_order_relaxed) == 0) s->started.store(now, std::memory_order_relaxed);
+  s->ended.store(now, std::memory_order_relaxed);
   s->state.store(static_cast<uint8_t>(OpState::kCompleted), std::memory_order_release);
 }
 
 void Recorder::failed(uint64_t seq, ErrorCode code, int peer) {
   Slot* s = slot_of(seq);
   if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
-  s->ended_ns.store(now_ns(), std::memory_order_relaxed);
+  s->ended.store(ticks(), std::memory_order_relaxed);
   s->error.store(static_cast<uint8_t>(code), std::memory_order_relaxed);
   if (peer >= 0) s->peer.store(peer, std::memory_order_relaxed);
   s->state.store(static_cast<uint8_t>(OpState::kFailed), std::memory_order_release);
 }
 
-bool Recorder::read(const Slot& s, OpRecord* out) const {
+bool Recorder::read(const Slot& s, const TicksToNs& to_ns, OpRecord* out) const {
   const uint64_t seq = s.seq.load(std::memory_order_acquire);
   if (seq == 0) return false;
   OpRecord r;
@@ -97,13 +170,16 @@ bool Recorder::read(const Slot& s, OpRecord* out) const {
   r.device = static_cast<DeviceType>((kinds >> 24) & 0xff);
   r.root = s.root.load(std::memory_order_relaxed);
   r.peer = s.peer.load(std::memory_order_relaxed);
-  r.issued_ns = s.issued_ns.load(std::memory_order_relaxed);
-  r.started_ns = s.started_ns.load(std::memory_order_relaxed);
-  r.ended_ns = s.ended_ns.load(std::memory_order_relaxed);
+  const int64_t issued = s.issued.load(std::memory_order_relaxed);
+  const int64_t started = s.started.load(std::memory_order_relaxed);
+  const int64_t ended = s.ended.load(std::memory_order_relaxed);
   r.async = s.async.load(std::memory_order_relaxed) != 0;
   r.error = static_cast<ErrorCode>(s.error.load(std::memory_order_relaxed));
   std::atomic_thread_fence(std::memory_order_acquire);
   if (s.seq.load(std::memory_order_relaxed) != seq) return false;  // rewritten while read
+  r.issued_ns = to_ns(issued);
+  r.started_ns = to_ns(started);
+  r.ended_ns = to_ns(ended);
   *out = r;
   return true;
 }
@@ -114,16 +190,17 @@ std::vector<OpRecord> Recorder::snapshot() const {
   if (capacity_ == 0 || last == 0) return out;
   const uint64_t first = last >= capacity_ ? last - capacity_ + 1 : 1;
   out.reserve(static_cast<size_t>(last - first + 1));
+  const TicksToNs to_ns;
   for (uint64_t seq = first; seq <= last; ++seq) {
     OpRecord r;
-    if (read(*slot_of(seq), &r) && r.seq == seq) out.push_back(r);
+    if (read(*slot_of(seq), to_ns, &r) && r.seq == seq) out.push_back(r);
   }
   return out;
 }
 
 bool Recorder::find(uint64_t seq, OpRecord* out) const {
   if (seq == 0 || capacity_ == 0) return false;
-  return read(*slot_of(seq), out) && out->seq == seq;
+  return read(*slot_of(seq), TicksToNs(), out) && out->seq == seq;
 }
 
 std::string Recorder::to_json(const std::string& reason) const {

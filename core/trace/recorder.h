@@ -51,6 +51,44 @@ inline int64_t now_ns() {
       .count();
 }
 
+// The ring's clock, read three times per op. Where the kernel's own clock
+// is the TSC (clocksource "tsc": invariant and the same on every core) it
+// is the TSC itself: about 10 ns a read here against steady_clock's 27.
+// Elsewhere it is now_ns(). A record is turned into steady_clock
+// nanoseconds only when it is read (ticks_to_ns), so every reader of the
+// ring sees now_ns()'s time base.
+namespace detail {
+struct TickClock {
+  bool tsc = false;
+  int64_t tick0 = 0, ns0 = 0;  // one reading of both, for the conversion
+};
+// Set once by start_tick_clock(), which every Recorder's constructor calls:
+// whoever holds a recorder reads it without a guard.
+extern TickClock g_tick_clock;
+void start_tick_clock();
+}  // namespace detail
+
+inline int64_t ticks() {
+#if defined(__x86_64__)
+  if (detail::g_tick_clock.tsc) return static_cast<int64_t>(__builtin_ia32_rdtsc());
+#endif
+  return now_ns();
+}
+
+// Turns ticks() readings into steady-clock nanoseconds (0 stays 0: "not
+// yet"). One converter maps every reading with the same rate and origin, so
+// the order of readings is kept; make one per batch read together.
+class TicksToNs {
+ public:
+  TicksToNs();
+  int64_t operator()(int64_t ticks) const;
+
+ private:
+  bool tsc_ = false;
+  int64_t tick1_ = 0, ns1_ = 0;
+  long double ns_per_tick_ = 1;
+};
+
 class Recorder {
  public:
   // capacity 0: records nothing (but still counts entered/completed).
@@ -58,10 +96,11 @@ class Recorder {
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
 
-  void issued(const OpRecord& r);
-  // `now` (of now_ns()): the issue time, when nothing ran in between.
-  void started(uint64_t seq, int64_t now);
-  void started(uint64_t seq) { started(seq, now_ns()); }
+  // r's fields but its times; `at` (of ticks()) is the issue time, and with
+  // `started` the start time too (one write of the slot).
+  void issued(const OpRecord& r, int64_t at, bool started = false);
+  void issued(const OpRecord& r) { issued(r, capacity_ ? ticks() : 0); }
+  void started(uint64_t seq);
   // `op` keeps the last completed op's name known with the ring off.
   void completed(uint64_t seq, plugin::OpType op);
   void failed(uint64_t seq, ErrorCode code, int peer);
@@ -90,14 +129,17 @@ class Recorder {
     std::atomic<uint64_t> count{0};
     std::atomic<uint32_t> kinds{0};  // op, dtype, reduction, device (a byte each)
     std::atomic<int32_t> root{-1}, peer{-1};
-    std::atomic<int64_t> issued_ns{0}, started_ns{0}, ended_ns{0};
+    std::atomic<int64_t> issued{0}, started{0}, ended{0};  // ticks()
     std::atomic<uint8_t> async{0}, state{0}, error{0};
   };
   Slot* slot_of(uint64_t seq) const;
-  bool read(const Slot& s, OpRecord* out) const;
+  bool read(const Slot& s, const TicksToNs& to_ns, OpRecord* out) const;
 
   CommInfo info_;
   size_t capacity_;
+  // The ring holds a power of two >= capacity_ slots: an op's slot is
+  // seq & mask_, not a division on every op. Dumps still show capacity_.
+  uint64_t mask_ = 0;
   std::unique_ptr<Slot[]> slots_;
   std::atomic<uint64_t> last_entered_{0};
   std::atomic<uint64_t> last_completed_{0};

@@ -236,6 +236,8 @@ class Backend {
 
   // Whether the backend can reduce this type with this operator (on this
   // device). Rejections are reported as kUnsupported before anything is sent.
+  // The answer must not change over the backend's life: libcomms asks once
+  // per dtype and kind and keeps it.
   virtual bool supports_reduction(DataType dtype, ReduceKind kind) const = 0;
 
   // Bytes of device memory in use on this backend's device (the whole

@@ -203,6 +203,32 @@ TEST_F(CommContract, ABufferOnAnotherCudaDeviceIsRefusedBeforeThePluginSeesTheOp
   }
 }
 
+// supports_reduction's answer is fixed for a backend's life (plugin.h): the
+// core asks once per dtype and kind, and a refusal it kept still fails the
+// op as kUnsupported, naming the backend, before the plugin sees it.
+TEST_F(CommContract, SupportsReductionIsAskedOncePerDtypeAndKindAndItsRefusalKept) {
+  float x = 1;
+  const BufferView on_0{&x, 1, DataType::kFloat32, Device::cuda(0)};
+  auto c = fake("reductions", {{"block_wait_ms", "0"}, {"refuse_reduction", std::to_string(int(ReduceKind::kMax))}},
+                Device::cuda(0));
+  c->all_reduce(on_0, ReduceOp::sum());
+  int before = plugin_op_calls(*c);
+  c->all_reduce(on_0, ReduceOp::sum());
+  EXPECT_EQ(plugin_op_calls(*c), before + 1) << "a second float32 sum asked supports_reduction again";
+  before = plugin_op_calls(*c);
+  c->all_reduce(on_0, ReduceOp::min());  // a new kind: asked, then submitted
+  EXPECT_EQ(plugin_op_calls(*c), before + 2);
+  for (int i = 0; i < 2; ++i) {
+    before = plugin_op_calls(*c);
+    const std::string m = error_of([&] { c->all_reduce(on_0, ReduceOp::max()); });
+    EXPECT_CONTAINS(m, "unsupported: backend 'fakegpu' does not support max on float32");
+    EXPECT_EQ(plugin_op_calls(*c), before + (i == 0 ? 1 : 0)) << "refusal " << i << ": asked or submitted";
+  }
+  before = plugin_op_calls(*c);
+  c->all_reduce(on_0, ReduceOp::sum());  // the comm is still usable
+  EXPECT_EQ(plugin_op_calls(*c), before + 1);
+}
+
 // comms::revoke reaches Backend::revoke on a plugin of ABI >= 2.4, and abort()
 // on an older one (whose vtable has no revoke slot).
 TEST_F(CommContract, RevokeCallsRevokeOnAbi24PluginsAndAbortOnOlderOnes) {

@@ -21,7 +21,6 @@ OpRecord op(uint64_t seq, uint64_t count = 1024) {
   r.seq = seq;
   r.op = comms::plugin::OpType::kAllReduce;
   r.count = count;
-  r.issued_ns = comms::trace::now_ns();
   return r;
 }
 
@@ -54,6 +53,31 @@ TEST(TraceRing, KeepsTheLastCapacityOpsOldestFirstWithTheirStates) {
   rec.completed(2, comms::plugin::OpType::kAllReduce);
   ASSERT_TRUE(rec.find(6, &found));
   EXPECT_EQ(found.state, OpState::kFailed);
+}
+
+// The ring stamps with ticks() (the TSC where the kernel's clock is the
+// TSC) and reads back steady_clock nanoseconds: a stamp taken between two
+// now_ns() readings reads back between them, after any delay.
+TEST(TraceRing, TimesReadBackOnTheSteadyClock) {
+  Recorder rec({"w", 0, 2, "ns", nullptr}, 4);
+  const int64_t before = comms::trace::now_ns();
+  rec.issued(op(1));
+  const int64_t after = comms::trace::now_ns();
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const int64_t before_end = comms::trace::now_ns();
+  rec.completed(1, comms::plugin::OpType::kAllReduce);
+  const int64_t after_end = comms::trace::now_ns();
+  OpRecord r;
+  ASSERT_TRUE(rec.find(1, &r));
+  // Slack for the rate's estimate (parts per million over 30 ms) and the
+  // reading pairs' own spread; a wrong offset or rate is off by far more.
+  const int64_t slack = 50000;
+  EXPECT_GE(r.issued_ns, before - slack);
+  EXPECT_LE(r.issued_ns, after + slack);
+  EXPECT_EQ(r.started_ns, r.ended_ns);  // never started: completed stamps both
+  EXPECT_GE(r.ended_ns, before_end - slack);
+  EXPECT_LE(r.ended_ns, after_end + slack);
+  EXPECT_GE(r.ended_ns - r.issued_ns, 30000000 - slack);
 }
 
 TEST(TraceRing, CapacityZeroRecordsNothingButStillCountsProgress) {

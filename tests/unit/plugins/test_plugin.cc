@@ -16,6 +16,8 @@
 //   use by others) until finalize; device_memory_used() reports the device.
 //   block_wait_ms=N: ops are async and their wait() blocks N ms; is_completed
 //   never blocks.
+//   refuse_reduction=<kind>: supports_reduction says no to that ReduceKind
+//   (its number), yes to every other.
 //   register_buffer hands out handles counted across fakegpu backends
 //   ("registered" in describe()); finalize and the destructor drop those
 //   left, as a real backend releases them with its communicator.
@@ -48,7 +50,7 @@
 namespace {
 
 const char* const kKeys[] = {"interface",   "min_ctas",      "fail_finalize", "late_timeout", "fault",
-                             "memory_used", "block_wait_ms", nullptr};
+                             "memory_used", "block_wait_ms", "refuse_reduction", nullptr};
 
 constexpr int64_t kOthersBytes = 1 << 20;
 std::atomic<int64_t> g_device_bytes{0};
@@ -177,9 +179,10 @@ class FakeBackend : public comms::plugin::Backend {
     }
     return j + "}}";
   }
-  bool supports_reduction(comms::DataType, comms::ReduceKind) const override {
+  bool supports_reduction(comms::DataType, comms::ReduceKind kind) const override {
     ++g_op_calls;
-    return true;
+    const std::string refused = hint(init_.hints, "refuse_reduction");
+    return refused.empty() || std::stoi(refused) != static_cast<int>(kind);
   }
   comms::Status register_buffer(void* data, size_t, void** handle) override {
     *handle = static_cast<char*>(data) + 1;  // distinct from the buffer, as NCCL's are
