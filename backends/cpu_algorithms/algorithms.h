@@ -6,15 +6,18 @@
 //     scatter up to kExchangeMaxBytes summed over ranks (size x count x
 //     element): one direct exchange, reductions local and in rank order;
 //   all_reduce, reduce_scatter, all_gather and reduce above that: a
-//     pipelined ring;
+//     pipelined ring (all_reduce where every rank copies directly with every
+//     other, as UCX's ranks on one host: a direct reduce, below);
 //   broadcast up to kSyncPathMaxBytes, and at every size on a transport
-//     that sends in place (UCX): the root sends to every rank;
+//     that sends in place (UCX): the root sends to every rank (or, from
+//     64 KiB where both copy directly, root and receiver split the copy);
 //   barrier: a token from every rank to every other.
 // kNone: the op is not one of these; a backend runs it its own way.
 //
 // Large ops on a transport that sends in place (Transport::sends_in_place)
 // follow the switch points below, each chosen by a measurement in
-// docs/PERFORMANCE.md ("The 64 KiB to 64 MiB band").
+// docs/MEASUREMENTS.md ("The 64 KiB to 64 MiB band", "Direct copies on one
+// host").
 #pragma once
 
 #include <cstddef>
@@ -63,7 +66,7 @@ constexpr Algorithm algorithm_for(plugin::OpType type, size_t bytes, int size, b
 // ranks, 1 MiB: 64 KiB pieces 167 µs p50, 128 KiB (rendezvous) 200, one
 // piece per segment 155-170; 4 MiB: 32 KiB 414-512 µs, 64 KiB 566-855,
 // 128 KiB 827-918, 1 MiB 3185-4510; 16 MiB: 32 KiB 13.6-16.9 ms, 64 KiB
-// 27.6, 128 KiB 25-26 (2026-11-26, loaded; docs/PERFORMANCE.md). Other
+// 27.6, 128 KiB 25-26 (2026-11-26, loaded; docs/MEASUREMENTS.md). Other
 // transports: 128 KiB.
 inline constexpr size_t kRingPieceBytes = 128 * 1024;
 constexpr size_t ring_piece_bytes(size_t bytes, bool in_place) {
@@ -72,18 +75,47 @@ constexpr size_t ring_piece_bytes(size_t bytes, bool in_place) {
 }
 
 // A broadcast on an in-place transport goes from the root's buffer straight
-// into each receiver's, in pieces of this size (eager, as the ring's) up to
-// kBroadcastPiecedMaxBytes, and as one rendezvous message above (the
-// receiver copies it once out of the root's memory: past the cache, one
-// copy beats two). At 2 ranks, p50 µs, pieces of 64 KiB / 128 KiB / one
-// message: 256 KiB 17.1 / 20.7 / 18.7; 1 MiB 64.6 / 88.2 / 91.1; 4 MiB
-// 273 / 469 / 346; 16 MiB 11242 / - / 10309; 64 MiB 38712 / - / 29925
-// (2026-11-26, loaded).
+// into each receiver's. From kBroadcastDirectMinBytes, where both ends copy
+// directly (Transport::copies_direct; UCX on one host: cross-memory
+// attach), the root writes the first broadcast_direct_share bytes into each
+// receiver while the receiver reads the rest out of the root's buffer: each
+// byte copied once, by two cores at once. Elsewhere in pieces of
+// kBroadcastPieceBytes (eager, as the ring's) up to
+// kBroadcastPiecedMaxBytes, and as one rendezvous message above. At 2
+// ranks, p50 µs, pieces / direct, loaded machine (2026-11-26;
+// docs/MEASUREMENTS.md "Direct copies on one host"): 32 KiB 1.8-4.4 /
+// 4.0-4.8; 64 KiB 8.5 / 5.0; 256 KiB 32-35 / 11.5; 1 MiB 129 / 41; 4 MiB
+// 554-607 / 160-188; 16 MiB 2442-2853 / 745-1182 (one message).
+inline constexpr size_t kBroadcastDirectMinBytes = 64 * 1024;
+constexpr bool broadcast_may_copy_directly(size_t bytes) { return bytes >= kBroadcastDirectMinBytes; }
 inline constexpr size_t kBroadcastPieceBytes = 64 * 1024;
 inline constexpr size_t kBroadcastPiecedMaxBytes = 4 * 1024 * 1024;
 constexpr size_t broadcast_piece_bytes(size_t bytes) {
   return bytes <= kBroadcastPiecedMaxBytes ? kBroadcastPieceBytes : bytes;
 }
+// The root's share of each receiver's buffer in a direct broadcast: 1/size,
+// page-aligned down, so the root (size - 1 shares) and each receiver
+// (size - 1 shares) copy alike.
+constexpr size_t broadcast_direct_share(size_t bytes, int size) {
+  return bytes / static_cast<size_t>(size) & ~size_t{4095};
+}
+
+// An all_reduce whose segments (its bytes / ranks) are at least
+// kAllReduceDirectMinSegmentBytes, where every rank copies directly with
+// every other: each rank reduces its segment in chunks of
+// kAllReduceDirectChunkBytes read out of the peers' inputs and writes each
+// reduced chunk into their outputs. Elsewhere, the ring. p50 µs, ring /
+// direct (2026-11-26, loaded): 2 ranks 128 KiB 24-29 / 17; 1 MiB 190-205 /
+// 105; 4 MiB 725-1045 / 511-758; 4 ranks 64 KiB 45 / 59 (so the segment
+// limit), 128 KiB 77-95 / 68-110, 256 KiB 125-150 / 105-134, 1 MiB 485-562
+// / 330-562. Chunks of 128 KiB to 2 MiB all gave 4 MiB in 540-700 µs.
+inline constexpr size_t kAllReduceDirectMinSegmentBytes = 32 * 1024;
+// The size rule alone (both the algorithms and comms-bench's path names use
+// it); the ranks' direct copies decide the rest.
+constexpr bool all_reduce_may_copy_directly(size_t bytes, int size) {
+  return bytes / static_cast<size_t>(size) >= kAllReduceDirectMinSegmentBytes;
+}
+inline constexpr size_t kAllReduceDirectChunkBytes = 256 * 1024;
 
 // The name comms-bench and describe-style output print; empty for kNone.
 constexpr std::string_view algorithm_name(plugin::OpType type, Algorithm a) {

@@ -130,10 +130,85 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, size_t es,
     if (out != in) std::memmove(out, in, bytes);
     return;
   }
+  if (in_place_ && all_reduce_may_copy_directly(bytes, size_) &&
+      all_reduce_direct(op, in, out, count, es, fn)) {
+    return;
+  }
   if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring(op, in, out, count, es, fn);
   fill(op, in, bytes, 1);
   exchange_all(op, bytes, false);
   reduce_blocks(out, count, es, fn, 0);
+}
+
+namespace {
+// A direct all_reduce's header: where the rank's buffers lie, and whether it
+// copies directly with every peer.
+struct ReduceHeader {
+  uint64_t in = 0;
+  uint64_t out = 0;
+  uint64_t bytes = 0;
+  uint64_t direct = 0;
+};
+}  // namespace
+
+// Every rank reduces its segment (as the ring's) in kAllReduceDirectChunkBytes
+// chunks: it reads each peer's input chunk straight out of the peer's memory,
+// reduces it into its output, and writes the reduced chunk into every
+// peer's output, each byte copied once and every core busy. Each rank sends
+// every other one its header first (where every peer may copy directly at
+// all); only when every rank copies directly
+// with every peer and all passed the same count (each rank sees every
+// header, so all decide alike) does it run, else the ring does. A token to
+// every peer ends it: this rank no longer reads the peer's input nor writes
+// its output. In place is safe: only rank r reads segment r of a peer's
+// input, and writes the peer's output there only after reading it.
+bool Collectives::all_reduce_direct(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+  const size_t bytes = count * es;
+  // Alike on every rank: direct_possible is alike on both ends of a pair,
+  // and UCX's (one host) is transitive.
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_ && !t_.direct_possible(q)) return false;
+  }
+  bool all = true;
+  for (int q = 0; q < size_; ++q) all = all && (q == rank_ || t_.copies_direct(q));
+  const ReduceHeader mine{reinterpret_cast<uintptr_t>(in), reinterpret_cast<uintptr_t>(out), bytes, all ? 1u : 0u};
+  std::vector<ReduceHeader> peers(static_cast<size_t>(size_));
+  for (int k = 1; k < size_; ++k) {
+    t_.send((rank_ + k) % size_, Channel::kRingStaging, user(&mine, sizeof mine), 0, sizeof mine, 0, op.deadline);
+  }
+  bool go = all;
+  for (int k = 1; k < size_; ++k) {
+    const int q = (rank_ - k + size_) % size_;
+    ReduceHeader& h = peers[static_cast<size_t>(q)];
+    t_.recv(q, Channel::kRingStaging, user(&h, sizeof h), 0, sizeof h, op.deadline);
+    go = go && h.direct && h.bytes == bytes;
+  }
+  if (!go) return false;
+  if (staging_.size() < kAllReduceDirectChunkBytes) staging_.resize(kAllReduceDirectChunkBytes);
+  auto* in_bytes = static_cast<const unsigned char*>(in);
+  auto* out_bytes = static_cast<unsigned char*>(out);
+  const Layout layout(count, es, size_, kAllReduceDirectChunkBytes);
+  for (size_t j = 0; j < layout.pieces; ++j) {
+    const auto [off, len] = layout.span(rank_, j);
+    if (!len) continue;
+    for (int k = 1; k < size_; ++k) {
+      const int q = (rank_ + k) % size_;
+      t_.read_direct(q, staging_.data(), peers[static_cast<size_t>(q)].in + off, len, op.deadline);
+      fn(out_bytes + off, k == 1 ? in_bytes + off : out_bytes + off, staging_.data(), len / es);
+    }
+    for (int k = 1; k < size_; ++k) {
+      const int q = (rank_ + k) % size_;
+      t_.write_direct(q, out_bytes + off, peers[static_cast<size_t>(q)].out + off, len, op.deadline);
+    }
+  }
+  uint8_t token = 1;
+  for (int k = 1; k < size_; ++k) {
+    t_.send((rank_ + k) % size_, Channel::kRingStaging, user(&token, 1), 0, 1, 0, op.deadline);
+  }
+  for (int k = 1; k < size_; ++k) {
+    t_.recv((rank_ - k + size_) % size_, Channel::kRingStaging, user(&token, 1), 0, 1, op.deadline);
+  }
+  return true;
 }
 
 void Collectives::reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn, int root) {
@@ -212,25 +287,7 @@ void Collectives::scatter(const void* in, void* out, size_t bytes, int root) {
 
 void Collectives::broadcast(const void* in, void* out, size_t bytes, int root) {
   const Op op(*this);
-  if (in_place_) {
-    // Straight from the root's buffer into each receiver's (algorithms.h):
-    // no staging copy on either side.
-    const size_t piece = broadcast_piece_bytes(bytes);
-    if (rank_ != root) {
-      for (size_t off = 0; off < bytes; off += piece) {
-        t_.recv(root, Channel::kBroadcast, user(out, bytes), off, std::min(piece, bytes - off), op.deadline);
-      }
-      return;
-    }
-    for (size_t off = 0; off < bytes; off += piece) {
-      for (int k = 1; k < size_; ++k) {
-        t_.send_stable((rank_ + k) % size_, Channel::kBroadcast, user(in, bytes), off, std::min(piece, bytes - off),
-                       off, op.deadline);
-      }
-    }
-    if (out != in) std::memcpy(out, in, bytes);
-    return t_.wait_sends(op.deadline);
-  }
+  if (in_place_) return broadcast_in_place(op, in, out, bytes, root);
   if (rank_ == root) {
     std::memcpy(broadcast_.data(), in, bytes);
     for (int k = 1; k < size_; ++k) {
@@ -241,6 +298,78 @@ void Collectives::broadcast(const void* in, void* out, size_t bytes, int root) {
   }
   t_.recv(root, Channel::kBroadcast, own(broadcast_), 0, bytes, op.deadline);
   std::memcpy(out, broadcast_.data(), bytes);
+}
+
+namespace {
+// Where a broadcast's buffer lies in its rank's memory, and whether the
+// rank copies directly to or from the peer (Transport::copies_direct).
+struct DirectHeader {
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+  uint64_t direct = 0;
+};
+}  // namespace
+
+// Straight from the root's buffer into each receiver's (algorithms.h), no
+// staging copy on either side. From kBroadcastDirectMinBytes, a pair that
+// may copy directly (Transport::direct_possible, alike on both ends)
+// trades headers: where the buffers lie and whether each end copies
+// directly. If both do, the root writes the first share of the receiver's
+// buffer (broadcast_direct_share) while the receiver reads the rest out of
+// the root's, so two cores copy at once, each byte once; a token each way
+// ends it (the root's share is written; the root's buffer is no longer
+// read). Any other pair gets the pieces of broadcast_piece_bytes.
+void Collectives::broadcast_in_place(const Op& op, const void* in, void* out, size_t bytes, int root) {
+  const size_t piece = broadcast_piece_bytes(bytes);
+  const size_t share = broadcast_direct_share(bytes, size_);
+  const bool try_direct = broadcast_may_copy_directly(bytes);
+  uint8_t token = 1;
+  if (rank_ != root) {
+    if (try_direct && t_.direct_possible(root)) {
+      DirectHeader mine{reinterpret_cast<uintptr_t>(out), bytes, t_.copies_direct(root) ? 1u : 0u}, theirs;
+      t_.send(root, Channel::kBroadcast, user(&mine, sizeof mine), 0, sizeof mine, 0, op.deadline);
+      t_.recv(root, Channel::kBroadcast, user(&theirs, sizeof theirs), 0, sizeof theirs, op.deadline);
+      if (theirs.direct) {
+        t_.read_direct(root, static_cast<unsigned char*>(out) + share, theirs.address + share, bytes - share,
+                       op.deadline);
+        t_.send(root, Channel::kBroadcast, user(&token, 1), 0, 1, 0, op.deadline);
+        return t_.recv(root, Channel::kBroadcast, user(&token, 1), 0, 1, op.deadline);
+      }
+    }
+    for (size_t off = 0; off < bytes; off += piece) {
+      t_.recv(root, Channel::kBroadcast, user(out, bytes), off, std::min(piece, bytes - off), op.deadline);
+    }
+    return;
+  }
+  std::vector<DirectHeader> peers(static_cast<size_t>(size_));  // direct: 0 until a header says so
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + k) % size_;
+    if (!try_direct || !t_.direct_possible(p)) continue;
+    DirectHeader& h = peers[static_cast<size_t>(p)];
+    t_.recv(p, Channel::kBroadcast, user(&h, sizeof h), 0, sizeof h, op.deadline);
+    h.direct = h.direct && h.bytes == bytes && t_.copies_direct(p);
+    const DirectHeader mine{reinterpret_cast<uintptr_t>(in), bytes, h.direct};
+    t_.send(p, Channel::kBroadcast, user(&mine, sizeof mine), 0, sizeof mine, 0, op.deadline);
+  }
+  for (size_t off = 0; off < bytes; off += piece) {
+    for (int k = 1; k < size_; ++k) {
+      const int p = (rank_ + k) % size_;
+      if (peers[static_cast<size_t>(p)].direct) continue;
+      t_.send_stable(p, Channel::kBroadcast, user(in, bytes), off, std::min(piece, bytes - off), off, op.deadline);
+    }
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + k) % size_;
+    if (!peers[static_cast<size_t>(p)].direct) continue;
+    t_.write_direct(p, in, peers[static_cast<size_t>(p)].address, share, op.deadline);
+    t_.send(p, Channel::kBroadcast, user(&token, 1), 0, 1, 0, op.deadline);
+  }
+  if (out != in) std::memcpy(out, in, bytes);
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + k) % size_;
+    if (peers[static_cast<size_t>(p)].direct) t_.recv(p, Channel::kBroadcast, user(&token, 1), 0, 1, op.deadline);
+  }
+  t_.wait_sends(op.deadline);
 }
 
 void Collectives::barrier() {

@@ -100,6 +100,11 @@ class Collectives {
   const unsigned char* block(int r, size_t bytes, int own_block) const;
   void reduce_blocks(void* out, size_t count, size_t es, ReduceFn fn, int own_block) const;
   void exchange_all(const Op& op, size_t bytes, bool blocks_per_peer);
+  // An all_reduce of kAllReduceDirectMinSegmentBytes per segment on an in-place transport;
+  // false (nothing done but the headers) where not every rank copies directly.
+  bool all_reduce_direct(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn);
+  // A broadcast on an in-place transport.
+  void broadcast_in_place(const Op& op, const void* in, void* out, size_t bytes, int root);
 
   // The ring's cut of `count` elements into segments and pieces.
   struct Layout {

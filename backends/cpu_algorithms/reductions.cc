@@ -141,7 +141,9 @@ void in_place_adapter(Storage* x, const Storage* y, size_t n) {
 
 }  // namespace
 
-ReduceFn reduce_fn(DataType t, ReduceKind k) {
+namespace {
+
+ReduceFn kernel_for(DataType t, ReduceKind k) {
   if (!reduction_defined(t, k)) return nullptr;
   if (t == DataType::kBool) {
     switch (k) {
@@ -169,20 +171,31 @@ ReduceFn reduce_fn(DataType t, ReduceKind k) {
   return nullptr;
 }
 
-namespace {
-
 constexpr size_t kCombos = size_t(kNumDataTypes) * kNumReduceKinds;
-ReduceFn g_kernels[kCombos];  // filled once from reduce_fn
+ReduceFn g_kernels[kCombos];  // filled once from kernel_for
 
 void fill_kernels() {
   static bool done = [] {
     for (int t = 0; t < kNumDataTypes; ++t)
       for (int k = 0; k < kNumReduceKinds; ++k)
-        g_kernels[size_t(t) * kNumReduceKinds + k] = reduce_fn(static_cast<DataType>(t), static_cast<ReduceKind>(k));
+        g_kernels[size_t(t) * kNumReduceKinds + k] = kernel_for(static_cast<DataType>(t), static_cast<ReduceKind>(k));
     return true;
   }();
   (void)done;
 }
+
+}  // namespace
+
+// A table look-up: every small reducing op asks.
+ReduceFn reduce_fn(DataType t, ReduceKind k) {
+  if (static_cast<size_t>(t) >= size_t(kNumDataTypes) || static_cast<size_t>(k) >= size_t(kNumReduceKinds)) {
+    return nullptr;
+  }
+  fill_kernels();
+  return g_kernels[size_t(t) * kNumReduceKinds + size_t(k)];
+}
+
+namespace {
 
 template <class Storage, size_t... I>
 constexpr auto adapter_table(std::index_sequence<I...>) {

@@ -85,6 +85,25 @@ class Transport {
   // their staging copies. False (Gloo): regions cost a registration each.
   virtual bool sends_in_place() const { return false; }
 
+  // One-sided copies by address between this process's memory and a
+  // peer's (UCX on one host: Linux cross-memory attach, the single copy
+  // Open MPI's shared-memory transport makes). direct_possible(peer): the
+  // pair may copy directly, the same answer on both ends (UCX: the peer is
+  // on this host); only then do the algorithms trade headers saying whether
+  // each end copies_direct(peer), and they copy only if both do. The
+  // copies never wait for the peer; a failed one (the peer exited, the
+  // address is not mapped there) throws kPeerFailure naming the peer.
+  virtual bool direct_possible(int /*peer*/) const { return false; }
+  virtual bool copies_direct(int /*peer*/) const { return false; }
+  virtual void write_direct(int peer, const void* /*local*/, uint64_t /*remote*/, size_t /*len*/,
+                            Clock::time_point /*deadline*/) {
+    throw TransportError(TransportError::Kind::kPeerFailure, peer, "this transport has no direct copies");
+  }
+  virtual void read_direct(int peer, void* /*local*/, uint64_t /*remote*/, size_t /*len*/,
+                           Clock::time_point /*deadline*/) {
+    throw TransportError(TransportError::Kind::kPeerFailure, peer, "this transport has no direct copies");
+  }
+
   // The op that used the non-persistent regions returned (or threw).
   virtual void op_done() {}
 

@@ -32,6 +32,7 @@ using plugin::OpType;
 namespace {
 
 constexpr size_t kHeaderBytes = 16;  // the data: 16-byte aligned, enough for every dtype
+constexpr size_t kFirstLineBytes = 64 - kHeaderBytes;  // the data that shares the op's cache line
 constexpr size_t kSlotBytes = (kHeaderBytes + ShmCollectives::kMaxBytes + 63) / 64 * 64;
 // Looks at the flags between pauses (a pause is ~25 ns here) before the
 // wait reads the clock, checks the peers and may yield: a peer a few
@@ -126,7 +127,8 @@ ShmCollectives::ShmCollectives(UcxTransport& transport, void* base, size_t bytes
       bell_(static_cast<Bell*>(base)),
       flags_(reinterpret_cast<RankFlags*>(static_cast<unsigned char*>(base) + 64)),
       slots_(static_cast<unsigned char*>(base) + head_bytes(transport.size())),
-      seen_(static_cast<size_t>(transport.size()), 0) {
+      seen_(static_cast<size_t>(transport.size()), 0),
+      done_seen_(static_cast<size_t>(transport.size()), 0) {
   set_spin(settings);
 }
 
@@ -162,8 +164,15 @@ unsigned char* ShmCollectives::slot(int rank, uint64_t op) const {
 void ShmCollectives::write_slot(uint64_t op, const void* data, size_t bytes, size_t block_bytes) {
   unsigned char* s = slot(rank_, op);
   auto* h = reinterpret_cast<Header*>(s);
+  // The lines after the first, then the first line's stores together: the
+  // peers poll the first line, and each store to it while they do takes
+  // the line back from them. Stores leave in order, so the op number,
+  // last, still shows only with the whole payload.
+  const auto* in = static_cast<const unsigned char*>(data);
+  const size_t in_first_line = std::min(bytes, kFirstLineBytes);
+  if (bytes > in_first_line) std::memcpy(s + kHeaderBytes + in_first_line, in + in_first_line, bytes - in_first_line);
   h->bytes = block_bytes;
-  if (bytes) std::memcpy(s + kHeaderBytes, data, bytes);
+  if (in_first_line) std::memcpy(s + kHeaderBytes, in, in_first_line);
   publish(h->op, op);
 }
 
@@ -177,12 +186,16 @@ void ShmCollectives::check_lengths(uint64_t op, size_t block_bytes, int only_pee
     if (only_peer >= 0 && p != only_peer) continue;
     const Header& h = *header(p, op);
     const uint64_t h_op = h.op.load(std::memory_order_relaxed);
-    if (h.bytes == block_bytes && h_op == op) continue;
-    throw CountMismatch(p, "ranks passed different counts: rank " + std::to_string(rank_) + " expects " +
-                               std::to_string(block_bytes) + " bytes from each peer, rank " + std::to_string(p) +
-                               (h_op == op ? " sent " + std::to_string(h.bytes) : " sent a message of another op") +
-                               " (every rank must pass the same count and dtype)");
+    if (h.bytes == block_bytes && h_op == op) [[likely]] continue;
+    throw_count_mismatch(p, block_bytes, h_op == op, h.bytes);
   }
+}
+
+void ShmCollectives::throw_count_mismatch(int p, size_t block_bytes, bool same_op, size_t sent) const {
+  throw CountMismatch(p, "ranks passed different counts: rank " + std::to_string(rank_) + " expects " +
+                             std::to_string(block_bytes) + " bytes from each peer, rank " + std::to_string(p) +
+                             (same_op ? " sent " + std::to_string(sent) : " sent a message of another op") +
+                             " (every rank must pass the same count and dtype)");
 }
 
 // The store, a full fence, then the sleepers load: a waiter either sees
@@ -207,16 +220,27 @@ void ShmCollectives::ring_if_sleepers() {
 }
 
 template <class Ready>
-void ShmCollectives::wait_until(Ready ready, int only_peer, Deadline& deadline, const char* what) {
-  auto missing = [&] {
-    if (only_peer >= 0) return ready(only_peer) ? -1 : only_peer;
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && !ready(p)) return p;
-    }
-    return -1;
-  };
-  int p = missing();
-  if (p < 0) return;
+int ShmCollectives::first_missing(const Ready& ready, int only_peer) const {
+  if (only_peer >= 0) return ready(only_peer) ? -1 : only_peer;
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && !ready(p)) return p;
+  }
+  return -1;
+}
+
+// The first look is inlined into each op: when every peer is there already
+// (a slot to reuse was read long ago, a peer published first), the op
+// pays one load per peer and no call.
+template <class Ready>
+inline void ShmCollectives::wait_until(Ready ready, int only_peer, Deadline& deadline, const char* what) {
+  const int p = first_missing(ready, only_peer);
+  if (p >= 0) [[unlikely]] wait_for(ready, p, only_peer, deadline, what);
+}
+
+template <class Ready>
+[[gnu::noinline]] void ShmCollectives::wait_for(Ready ready, int p, int only_peer, Deadline& deadline,
+                                                const char* what) {
+  auto missing = [&] { return first_missing(ready, only_peer); };
   const bool yielding = yield_.load(std::memory_order_relaxed);
   const int64_t spin_us = spin_us_.load(std::memory_order_relaxed);
   if (spin_forever_.load(std::memory_order_relaxed) ||
@@ -291,13 +315,16 @@ void ShmCollectives::reuse_guard(uint64_t op, Deadline& deadline) {
   const uint64_t last = op - kDepth;
   wait_until(
       [&](int p) {
-        return seen_[static_cast<size_t>(p)] > last || flags_[p].done.load(std::memory_order_acquire) >= last;
+        const auto i = static_cast<size_t>(p);
+        if (seen_[i] > last || done_seen_[i] >= last) return true;
+        done_seen_[i] = flags_[p].done.load(std::memory_order_acquire);
+        return done_seen_[i] >= last;
       },
       -1, deadline, "waiting for a slot to be read");
 }
 
 ShmCollectives::Reading::~Reading() {
-  if (always || std::uncaught_exceptions() > exceptions) s.publish(s.flags_[s.rank_].done, op);
+  if (always || !finished) s.publish(s.flags_[s.rank_].done, op);
 }
 
 void ShmCollectives::abort() {
@@ -367,19 +394,21 @@ void ShmCollectives::reduce(const plugin::OpDesc& op, size_t blocks, Deadline& d
   if (!fn) throw std::invalid_argument("no reduction for this dtype and kind");
   const size_t bytes = op.count * element_size(op.dtype);  // this rank's result
   const uint64_t k = exchange(op.input, bytes * blocks, bytes, deadline);
-  const Reading reading(*this, k, false);
+  Reading reading(*this, k, false);
   check_lengths(k, bytes);
   reduce_slots(op.output, k, blocks > 1 ? static_cast<size_t>(rank_) * bytes : 0, op.count, fn);
+  reading.finish();
   cpu_algorithms::finish_reduction(op, op.output, op.count, size_);
 }
 
 void ShmCollectives::all_gather(const plugin::OpDesc& op, Deadline& deadline) {
   const size_t bytes = op.count * element_size(op.dtype);
   const uint64_t k = exchange(op.input, bytes, bytes, deadline);
-  const Reading reading(*this, k, false);
+  Reading reading(*this, k, false);
   check_lengths(k, bytes);
   auto* out = static_cast<unsigned char*>(op.output);
   for (int r = 0; r < size_; ++r) std::memcpy(out + static_cast<size_t>(r) * bytes, slot(r, k) + kHeaderBytes, bytes);
+  reading.finish();
 }
 
 }  // namespace comms::ucx_backend

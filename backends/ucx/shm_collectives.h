@@ -47,7 +47,7 @@ namespace comms::ucx_backend {
 class ShmCollectives {
  public:
   // The most bytes a rank puts in its slot per op (reduce_scatter: its
-  // whole input). Above it the UCX path wins or ties (docs/PERFORMANCE.md).
+  // whole input). Above it the UCX path wins or ties (docs/MEASUREMENTS.md).
   static constexpr size_t kMaxBytes = 16 * 1024;
   static constexpr int kSliceMs = 50;
   // Slots per rank, used in turn: a broadcast's root (which waits for no
@@ -90,20 +90,22 @@ class ShmCollectives {
   struct Header;
   struct RankFlags;
   // Publishes this rank's done flag for an op when it leaves scope, if
-  // `always` (a broadcast's reader) or the op throws: a peer never waits on
-  // this rank's reading.
+  // `always` (a broadcast's reader) or the op did not reach finish() (it
+  // threw): a peer never waits on this rank's reading. (A flag, not
+  // std::uncaught_exceptions(), which costs a thread-local lookup per op.)
   struct Reading {
-    Reading(ShmCollectives& s, uint64_t op, bool always)
-        : s(s), op(op), always(always), exceptions(std::uncaught_exceptions()) {}
+    Reading(ShmCollectives& s, uint64_t op, bool always) : s(s), op(op), always(always) {}
     ~Reading();
+    void finish() { finished = true; }
     ShmCollectives& s;
     uint64_t op;
     bool always;
-    int exceptions;
+    bool finished = false;
   };
   ShmCollectives(UcxTransport& transport, void* base, size_t bytes, const UcxSettings& settings);
 
   unsigned char* slot(int rank, uint64_t op) const;
+  [[noreturn, gnu::cold]] void throw_count_mismatch(int p, size_t block_bytes, bool same_op, size_t sent) const;
   Header* header(int rank, uint64_t op) const;
   // Writes this rank's slot for op and publishes it.
   void write_slot(uint64_t op, const void* data, size_t bytes, size_t block_bytes);
@@ -117,8 +119,15 @@ class ShmCollectives {
   void ring_if_sleepers();
   // Waits until every peer (or only_peer) has published its slot for op.
   void wait_arrived(uint64_t op, int only_peer, Deadline& deadline);
+  // Returns once ready(p) holds for every peer p (only `only_peer` if >= 0);
+  // throws on timeout, abort or a peer that exited.
   template <class Ready>
   void wait_until(Ready ready, int only_peer, Deadline& deadline, const char* what);
+  // wait_until's slow part, from the first peer `p` found missing.
+  template <class Ready>
+  void wait_for(Ready ready, int p, int only_peer, Deadline& deadline, const char* what);
+  template <class Ready>
+  int first_missing(const Ready& ready, int only_peer) const;
   void sleep(Deadline& deadline);
 
   // Fills this rank's slot (bytes of in, headed by block_bytes) and waits
@@ -141,6 +150,10 @@ class ShmCollectives {
   bool ring_pending_ = false;
   uint64_t ops_ = 0;  // this comm's shm ops so far: the same on every rank
   std::vector<uint64_t> seen_;  // per rank: the last op whose slot this rank saw published
+  // Per rank: its done flag as this rank last read it. A flag only grows, so
+  // a broadcast's root reads a reader's line again only when the copy is
+  // too old: about once every kDepth broadcasts, not every one.
+  std::vector<uint64_t> done_seen_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> spin_forever_{false}, yield_{false};
   std::atomic<int64_t> spin_us_{0}, yield_after_us_{0};

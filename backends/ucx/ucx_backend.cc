@@ -61,6 +61,7 @@ class UcxBackend : public plugin::Backend {
   std::unique_ptr<ShmCollectives> shm_;  // small collectives when every rank is on this host
   std::string devices_, transports_;  // what the transport opened and selected, read at init
   std::string shm_state_ = "off (one rank)";  // for describe()
+  std::string direct_copies_ = "none";        // for describe(): UcxTransport::direct_text
 
   // After the first fatal error (or abort()) every op fails fast.
   cpu_algorithms::BrokenState failure_;
@@ -78,6 +79,7 @@ Status UcxBackend::init() {
     // Read once: describe() may run on any thread while an op progresses the worker.
     devices_ = transport_->devices();
     transports_ = transport_->transports();
+    direct_copies_ = transport_->direct_text();
     runner_ = std::make_unique<cpu_algorithms::OpRunner>(*transport_, op_timeout_.load());
     if (init_.size > 1 && !settings_.shm) shm_state_ = "off (COMMS_UCX_SHM)";
     else if (init_.size > 1 && !transport_->all_peers_local()) shm_state_ = "off (ranks on other hosts)";
@@ -214,6 +216,7 @@ std::string UcxBackend::describe() const {
   j["rndv_thresh"] = rndv_thresh_text(settings_);
   j["shm_fifo"] = fifo_text();
   j["shm_collectives"] = shm_state_;
+  j["direct_copies"] = direct_copies_;
   j["busy_poll"] = settings_.busy_poll;
   j["spin_us"] = settings_.spin_forever ? -1 : settings_.spin.count();
   j["yield_while_polling"] = settings_.yield;

@@ -4,6 +4,7 @@
 #include "comms/env.h"
 
 #include <poll.h>
+#include <sys/uio.h>
 #include <signal.h>
 #include <unistd.h>
 #include <sched.h>
@@ -146,7 +147,8 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
       send_seq_(static_cast<size_t>(size), std::vector<uint32_t>(cpu_algorithms::kNumChannels, 0)),
       recv_seq_(static_cast<size_t>(size), std::vector<uint32_t>(cpu_algorithms::kNumChannels, 0)),
       pids_(static_cast<size_t>(size), 0),
-      dead_pid_(static_cast<size_t>(size), false) {
+      dead_pid_(static_cast<size_t>(size), false),
+      direct_(static_cast<size_t>(size), false) {
   set_spin(settings);
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
@@ -176,7 +178,7 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
   // grows by is a new shared page that both sides fault in, which made
   // 16 KiB gathers and reduces slower than Gloo. Elements that hold a 4-ranks
   // exchange message (16 KiB) and its headers keep those in the FIFO's ring;
-  // 16 of them (260 KiB) are touched once and reused. docs/PERFORMANCE.md
+  // 16 of them (260 KiB) are touched once and reused. docs/MEASUREMENTS.md
   // has the sweeps.
   for (const auto& f : fifo_settings()) {
     if (!f.from_user && ucp_config_modify(config, f.key.c_str(), f.value.c_str()) != UCS_OK && log_) {
@@ -245,6 +247,11 @@ void UcxTransport::connect(Store& store, std::chrono::milliseconds timeout) {
     check(ucp_ep_create(worker_, &ep, &eps_[static_cast<size_t>(p)]), "ucp_ep_create");
   }
   handshake(Clock::now() + timeout);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || pids_[static_cast<size_t>(p)] <= 0) continue;
+    const std::string lanes = capture([&](FILE* f) { ucp_ep_print_info(eps_[static_cast<size_t>(p)], f); });
+    direct_[static_cast<size_t>(p)] = lanes.find("cma/") != std::string::npos;
+  }
 }
 
 // A token to and from every peer, then a flush: the endpoints finish their
@@ -463,6 +470,57 @@ void UcxTransport::send_stable(int peer, Channel ch, Region src, size_t offset, 
 void UcxTransport::wait_sends(Clock::time_point deadline) {
   for (auto& [req, peer] : in_place_) wait(req, peer, deadline, "send");
   in_place_.clear();
+}
+
+std::string UcxTransport::direct_text() const {
+  std::string some;
+  int n = 0;
+  for (int p = 0; p < size_; ++p) {
+    if (!direct_[static_cast<size_t>(p)]) continue;
+    some += (n++ ? "," : "") + std::to_string(p);
+  }
+  if (size_ > 1 && n == size_ - 1) return "every peer (cross-memory attach)";
+  return n ? "ranks " + some + " (cross-memory attach)" : "none";
+}
+
+void UcxTransport::write_direct(int peer, const void* local, uint64_t remote, size_t len, Clock::time_point deadline) {
+  copy_direct(true, peer, const_cast<void*>(local), remote, len, deadline);
+}
+
+void UcxTransport::read_direct(int peer, void* local, uint64_t remote, size_t len, Clock::time_point deadline) {
+  copy_direct(false, peer, local, remote, len, deadline);
+}
+
+void UcxTransport::copy_direct(bool write, int peer, void* local, uint64_t remote, size_t len,
+                               Clock::time_point deadline) {
+  const size_t p = static_cast<size_t>(peer);
+  if (!direct_[p]) fail(Kind::kPeerFailure, peer, "no direct copies with rank " + std::to_string(peer));
+  for (size_t done = 0; done < len;) {
+    if (peer_status_[p]) fail(Kind::kPeerFailure, peer, peer_error(peer));
+    if (aborted_) fail(Kind::kAborted, peer, write ? "send aborted" : "receive aborted");
+    if (Clock::now() >= deadline) {
+      fail(Kind::kTimeout, peer, std::string(write ? "send" : "receive") + " with rank " + std::to_string(peer) +
+                                     " timed out");
+    }
+    const size_t n = std::min(kDirectChunkBytes, len - done);
+    iovec here{static_cast<unsigned char*>(local) + done, n};
+    iovec there{reinterpret_cast<void*>(static_cast<uintptr_t>(remote + done)), n};
+    const ssize_t moved = write ? process_vm_writev(pids_[p], &here, 1, &there, 1, 0)
+                                : process_vm_readv(pids_[p], &here, 1, &there, 1, 0);
+    if (moved > 0) {
+      done += static_cast<size_t>(moved);
+      continue;
+    }
+    const int e = moved == 0 ? EFAULT : errno;
+    if (e == EINTR) continue;
+    if (e == ESRCH || !process_alive(pids_[p])) {
+      dead_pid_[p] = true;
+      peer_status_[p] = UCS_ERR_CONNECTION_RESET;
+      fail(Kind::kPeerFailure, peer, peer_error(peer));
+    }
+    fail(Kind::kPeerFailure, peer, std::string(write ? "writing to" : "reading from") + " rank " +
+                                       std::to_string(peer) + "'s memory (cross-memory attach): " + std::strerror(e));
+  }
 }
 
 void UcxTransport::op_done() {

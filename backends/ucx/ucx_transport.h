@@ -88,6 +88,16 @@ class UcxTransport final : public cpu_algorithms::Transport {
                    size_t dst_offset, Clock::time_point deadline) override;
   void wait_sends(Clock::time_point deadline) override;
   bool sends_in_place() const override { return true; }
+  // A peer on this host whose endpoint UCX gave a cma lane (so cross-memory
+  // attach is allowed, and UCX_TLS did not leave it out): one
+  // process_vm_writev / process_vm_readv, in kDirectChunkBytes steps that
+  // check abort, deadline and the peer between them.
+  bool direct_possible(int peer) const override { return pids_[static_cast<size_t>(peer)] > 0; }
+  bool copies_direct(int peer) const override { return direct_[static_cast<size_t>(peer)]; }
+  // For describe(): "every peer", "none", or the ranks it copies with.
+  std::string direct_text() const;
+  void write_direct(int peer, const void* local, uint64_t remote, size_t len, Clock::time_point deadline) override;
+  void read_direct(int peer, void* local, uint64_t remote, size_t len, Clock::time_point deadline) override;
   // Drops in-place sends an op left behind (it threw): UCX must not keep
   // reading a buffer the caller may free.
   void op_done() override;
@@ -201,6 +211,9 @@ class UcxTransport final : public cpu_algorithms::Transport {
   std::vector<std::vector<uint32_t>> send_seq_, recv_seq_;  // per peer, per channel
   std::vector<int> pids_;       // per rank: its pid when on this host, else 0 (UCX watches it)
   std::vector<bool> dead_pid_;  // per rank: failed because its process exited
+  std::vector<bool> direct_;    // per rank: copies_direct
+  static constexpr size_t kDirectChunkBytes = 16 << 20;
+  void copy_direct(bool write, int peer, void* local, uint64_t remote, size_t len, Clock::time_point deadline);
   Clock::time_point next_liveness_check_{};
   std::vector<InFlight> in_flight_;
   std::vector<Credit> credit_;  // per peer; never resized after construction (receives point into it)

@@ -40,6 +40,8 @@ class Network {
   std::map<std::tuple<int, int, Channel>, std::deque<Message>> queues;  // (from, to, channel)
   bool aborted = false;
   bool lengths_may_differ = false;  // a test of ranks passing different counts
+  std::vector<bool> direct;         // per rank: copies_direct (one address space, so a memcpy)
+  int direct_copies = 0;
   int messages = 0;
 
  private:
@@ -81,6 +83,21 @@ class FakeTransport final : public Transport {
     std::memcpy(static_cast<unsigned char*>(dst.base) + dst_offset, m.bytes.data(), std::min(len, m.bytes.size()));
   }
 
+  bool direct_possible(int) const override { return !net_.direct.empty(); }
+  bool copies_direct(int) const override { return static_cast<size_t>(rank_) < net_.direct.size() && net_.direct[rank_]; }
+  void write_direct(int peer, const void* local, uint64_t remote, size_t len, Clock::time_point) override {
+    EXPECT_TRUE(copies_direct(peer) && net_.direct[static_cast<size_t>(peer)]) << "a direct copy nobody agreed to";
+    std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), local, len);
+    std::lock_guard<std::mutex> lock(net_.mu);
+    ++net_.direct_copies;
+  }
+  void read_direct(int peer, void* local, uint64_t remote, size_t len, Clock::time_point) override {
+    EXPECT_TRUE(copies_direct(peer) && net_.direct[static_cast<size_t>(peer)]) << "a direct copy nobody agreed to";
+    std::memcpy(local, reinterpret_cast<const void*>(static_cast<uintptr_t>(remote)), len);
+    std::lock_guard<std::mutex> lock(net_.mu);
+    ++net_.direct_copies;
+  }
+
   void abort() override {
     std::lock_guard<std::mutex> lock(net_.mu);
     net_.aborted = true;
@@ -95,8 +112,9 @@ class FakeTransport final : public Transport {
 
 // Runs body(rank, collectives) on one thread per rank; then no message is left.
 void run_ranks(int size, const std::function<void(int, Collectives&)>& body, std::chrono::milliseconds timeout = 10s,
-               bool drained = true, bool in_place = false) {
+               bool drained = true, bool in_place = false, std::vector<bool> direct = {}, int* direct_copies = nullptr) {
   Network net(size);
+  net.direct = std::move(direct);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
@@ -106,12 +124,40 @@ void run_ranks(int size, const std::function<void(int, Collectives&)>& body, std
     });
   }
   for (auto& t : threads) t.join();
+  if (direct_copies) *direct_copies = net.direct_copies;
   if (!drained) return;
   for (const auto& [key, q] : net.queues) EXPECT_TRUE(q.empty()) << "a message nobody received";
 }
 
 // Rank r's element i, distinct for every (r, i) and exact in float.
 int32_t value(int r, size_t i) { return static_cast<int32_t>((i * 7 + static_cast<size_t>(r) * 13) % 1000) - 300; }
+
+// A rank's body: an int32 broadcast of value(root, i) from `root`, each
+// element checked.
+std::function<void(int, Collectives&)> broadcast_checked(size_t count, int root) {
+  return [count, root](int r, Collectives& c) {
+    std::vector<int32_t> in(count), out(count, -1);
+    for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+    c.broadcast(in.data(), out.data(), count * 4, root);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], value(root, i)) << "rank " << r << " at " << i;
+  };
+}
+
+// A rank's body: an int32 sum of value(r, i) over `n` ranks, in place or
+// not, each element checked.
+std::function<void(int, Collectives&)> all_reduce_checked(int n, size_t count, bool in_place) {
+  return [n, count, in_place](int r, Collectives& c) {
+    std::vector<int32_t> in(count), out(count, -1);
+    for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+    int32_t* dst = in_place ? in.data() : out.data();
+    c.all_reduce(in.data(), dst, count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum));
+    for (size_t i = 0; i < count; ++i) {
+      int32_t want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, i);
+      ASSERT_EQ(dst[i], want) << "rank " << r << " element " << i;
+    }
+  };
+}
 
 // Counts per rank either side of the exchange's 64 KiB and uneven against
 // the ring's segments and 128 KiB pieces.
@@ -297,7 +343,8 @@ TEST(CpuAlgorithms, BroadcastAndBarrierReachEveryRank) {
 }
 
 // The in-place plans (algorithms.h): broadcast in pieces up to
-// kBroadcastPiecedMaxBytes and as one message above, from every root; the
+// kBroadcastPiecedMaxBytes and above it as one message (no direct copies
+// here), from every root; the
 // ring in 64 KiB and (above 1 MiB) 32 KiB pieces, in and out of place.
 TEST(CpuAlgorithms, InPlacePlansBroadcastAndReduceAtEverySwitchPoint) {
   const size_t bcast_counts[] = {3, (3 * kBroadcastPieceBytes + 5) / 4, kBroadcastPiecedMaxBytes / 4 + 3};
@@ -307,12 +354,7 @@ TEST(CpuAlgorithms, InPlacePlansBroadcastAndReduceAtEverySwitchPoint) {
         SCOPED_TRACE(testing::Message() << "broadcast size " << n << " count " << count << " root " << root);
         run_ranks(
             n,
-            [&](int r, Collectives& c) {
-              std::vector<int32_t> in(count), out(count, -1);
-              for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
-              c.broadcast(in.data(), out.data(), count * 4, root);
-              for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], value(root, i)) << "rank " << r << " at " << i;
-            },
+            broadcast_checked(count, root),
             10s, true, true);
       }
     }
@@ -327,18 +369,59 @@ TEST(CpuAlgorithms, InPlacePlansBroadcastAndReduceAtEverySwitchPoint) {
         SCOPED_TRACE(testing::Message() << "all_reduce size " << n << " count " << count << " in-place " << same);
         run_ranks(
             n,
-            [&](int r, Collectives& c) {
-              std::vector<int32_t> in(count), out(count, -1);
-              for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
-              int32_t* dst = same ? in.data() : out.data();
-              c.all_reduce(in.data(), dst, count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum));
-              for (size_t i = 0; i < count; ++i) {
-                int32_t want = 0;
-                for (int q = 0; q < n; ++q) want += value(q, i);
-                ASSERT_EQ(dst[i], want) << "rank " << r << " element " << i;
-              }
-            },
+            all_reduce_checked(n, count, same),
             10s, true, true);
+      }
+    }
+  }
+}
+
+// From kBroadcastDirectMinBytes the root writes its share into each
+// receiver and the receiver reads the rest; a rank that cannot copy directly
+// gets pieces (above kBroadcastPiecedMaxBytes one message) from the root
+// instead, the others still copy.
+TEST(CpuAlgorithms, LargeBroadcastCopiesDirectlyWhereBothEndsCanAndSendsElsewhere) {
+  for (size_t count : {kBroadcastDirectMinBytes / 4 + 3, kBroadcastPiecedMaxBytes / 4 + 4099})
+  for (int n : {2, 3, 4}) {
+    for (int refusing : {-1, 1}) {
+      for (int root = 0; root < n; ++root) {
+        SCOPED_TRACE(testing::Message() << "size " << n << " count " << count << " root " << root << " refusing "
+                                        << refusing);
+        std::vector<bool> direct(static_cast<size_t>(n), true);
+        if (refusing >= 0) direct[static_cast<size_t>(refusing)] = false;
+        int copies = 0;
+        run_ranks(
+            n,
+            broadcast_checked(count, root),
+            10s, true, true, direct, &copies);
+        const int pairs = refusing < 0 ? n - 1 : refusing == root ? 0 : n - 2;
+        EXPECT_EQ(copies, 2 * pairs) << "a write and a read per receiver that copies directly";
+      }
+    }
+  }
+  EXPECT_EQ(broadcast_direct_share(8u << 20, 2), 4u << 20);
+  EXPECT_EQ(broadcast_direct_share((8u << 20) + 5, 3) % 4096, 0u);
+}
+
+// From kAllReduceDirectMinSegmentBytes per segment, when every rank copies directly with
+// every other, each rank reduces its segment out of the peers' inputs and
+// writes it into their outputs (in and out of place); one rank that cannot
+// makes every rank take the ring.
+TEST(CpuAlgorithms, LargeAllReduceCopiesDirectlyOnlyWhenEveryRankCan) {
+  const size_t count = 4 * kAllReduceDirectMinSegmentBytes + 70001;
+  for (int n : {2, 3, 4}) {
+    for (int refusing : {-1, n - 1}) {
+      for (bool same : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "size " << n << " refusing " << refusing << " in-place " << same);
+        std::vector<bool> direct(static_cast<size_t>(n), true);
+        if (refusing >= 0) direct[static_cast<size_t>(refusing)] = false;
+        int copies = 0;
+        run_ranks(
+            n,
+            all_reduce_checked(n, count, same),
+            10s, true, true, direct, &copies);
+        if (refusing >= 0) EXPECT_EQ(copies, 0) << "the ring, on every rank";
+        else EXPECT_GT(copies, 0);
       }
     }
   }

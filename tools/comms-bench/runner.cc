@@ -173,14 +173,33 @@ size_t ucx_shm_max(const Comm& comm) {
   }
 }
 
+// Whether the UCX plugin copies directly with every peer (its describe()).
+bool ucx_direct(const Comm& comm) {
+  try {
+    const auto j = nlohmann::json::parse(comm.describe());
+    return j.at("backends").at("cpu").at("config").value("direct_copies", "").rfind("every peer", 0) == 0;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // The UCX plugin's choice (backends/ucx/ucx_backend.cc): the shared-memory
 // collectives where ShmCollectives::takes() says so (the same rules), else
-// the CPU algorithms where algorithms.h picks one, else the pairwise
-// exchange; point-to-point is UCP tag send/recv.
-std::string ucx_algorithm(OpType type, size_t bytes, int n, size_t shm_max) {
+// the CPU algorithms where algorithms.h picks one (with direct copies where
+// every rank has them), else the pairwise exchange; point-to-point is UCP
+// tag send/recv.
+std::string ucx_algorithm(OpType type, size_t bytes, int n, size_t shm_max, bool direct) {
   if (type == OpType::kSend) return "ucp tag send/recv";
   const auto a = cpu_algorithms::algorithm_for(type, bytes, n, /*in_place=*/true);
   using cpu_algorithms::Algorithm;
+  if (direct && type == OpType::kAllReduce && a == Algorithm::kPipelinedRing &&
+      cpu_algorithms::all_reduce_may_copy_directly(bytes, n)) {
+    return "direct copies: each rank reduces its segment";
+  }
+  if (direct && type == OpType::kBroadcast && a == Algorithm::kBroadcast &&
+      cpu_algorithms::broadcast_may_copy_directly(bytes)) {
+    return "direct copies: root and receivers split";
+  }
   const bool shm = shm_max > 0 && (type == OpType::kBarrier ||
                                    (type == OpType::kBroadcast && a == Algorithm::kBroadcast && bytes <= shm_max) ||
                                    ((type == OpType::kAllReduce || type == OpType::kAllGather) &&
@@ -225,7 +244,7 @@ Row Bench::summarize(const Shape& s, std::vector<double>& times, std::vector<dou
                   : comm_->backends().backend_for(DeviceType::kCpu) == "gloo"
                       ? std::string(gloo_backend::algorithm_name(
                             op_.type, gloo_backend::sync_algorithm_for(op_.type, count * es, n)))
-                  : comm_->backends().backend_for(DeviceType::kCpu) == "ucx" ? ucx_algorithm(op_.type, count * es, n, ucx_shm_max(*comm_))
+                  : comm_->backends().backend_for(DeviceType::kCpu) == "ucx" ? ucx_algorithm(op_.type, count * es, n, ucx_shm_max(*comm_), ucx_direct(*comm_))
                                                                                : std::string();
   return row;
 }
