@@ -55,7 +55,8 @@ Collectives::Collectives(Transport& transport, std::chrono::milliseconds timeout
       outbox_(slot_ * static_cast<size_t>(size_)),
       broadcast_(kSyncPathMaxBytes),
       tokens_(static_cast<size_t>(size_) + 1),
-      staging_(kRingPieceBytes) {}  // ring_piece_bytes never exceeds it
+      staging_(kRingPieceBytes),  // ring_piece_bytes never exceeds it
+      peer_headers_(static_cast<size_t>(size_)) {}
 
 void Collectives::fill(const Op& op, const void* in, size_t bytes, int blocks) {
   const Header header{bytes, op.number};
@@ -140,25 +141,14 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, size_t es,
   reduce_blocks(out, count, es, fn, 0);
 }
 
-namespace {
-// A direct all_reduce's header: where the rank's buffers lie, and whether it
-// copies directly with every peer.
-struct ReduceHeader {
-  uint64_t in = 0;
-  uint64_t out = 0;
-  uint64_t bytes = 0;
-  uint64_t direct = 0;
-};
-}  // namespace
-
 // Every rank reduces its segment (as the ring's) in kAllReduceDirectChunkBytes
 // chunks: it reads each peer's input chunk straight out of the peer's memory,
 // reduces it into its output, and writes the reduced chunk into every
 // peer's output, each byte copied once and every core busy. Each rank sends
 // every other one its header first (where every peer may copy directly at
-// all); only when every rank copies directly
-// with every peer and all passed the same count (each rank sees every
-// header, so all decide alike) does it run, else the ring does. A token to
+// all); only when every rank copies directly with every peer and all passed
+// the same count (each rank sees every header, so all decide alike) does it
+// run, else the ring does. A token to
 // every peer ends it: this rank no longer reads the peer's input nor writes
 // its output. In place is safe: only rank r reads segment r of a peer's
 // input, and writes the peer's output there only after reading it.
@@ -171,15 +161,15 @@ bool Collectives::all_reduce_direct(const Op& op, const void* in, void* out, siz
   }
   bool all = true;
   for (int q = 0; q < size_; ++q) all = all && (q == rank_ || t_.copies_direct(q));
-  const ReduceHeader mine{reinterpret_cast<uintptr_t>(in), reinterpret_cast<uintptr_t>(out), bytes, all ? 1u : 0u};
-  std::vector<ReduceHeader> peers(static_cast<size_t>(size_));
+  const DirectHeader mine{reinterpret_cast<uintptr_t>(in), reinterpret_cast<uintptr_t>(out), bytes, all ? 1u : 0u};
+  std::vector<DirectHeader>& peers = peer_headers_;
   for (int k = 1; k < size_; ++k) {
     t_.send((rank_ + k) % size_, Channel::kRingStaging, user(&mine, sizeof mine), 0, sizeof mine, 0, op.deadline);
   }
   bool go = all;
   for (int k = 1; k < size_; ++k) {
     const int q = (rank_ - k + size_) % size_;
-    ReduceHeader& h = peers[static_cast<size_t>(q)];
+    DirectHeader& h = peers[static_cast<size_t>(q)];
     t_.recv(q, Channel::kRingStaging, user(&h, sizeof h), 0, sizeof h, op.deadline);
     go = go && h.direct && h.bytes == bytes;
   }
@@ -300,16 +290,6 @@ void Collectives::broadcast(const void* in, void* out, size_t bytes, int root) {
   std::memcpy(out, broadcast_.data(), bytes);
 }
 
-namespace {
-// Where a broadcast's buffer lies in its rank's memory, and whether the
-// rank copies directly to or from the peer (Transport::copies_direct).
-struct DirectHeader {
-  uint64_t address = 0;
-  uint64_t bytes = 0;
-  uint64_t direct = 0;
-};
-}  // namespace
-
 // Straight from the root's buffer into each receiver's (algorithms.h), no
 // staging copy on either side. From kBroadcastDirectMinBytes, a pair that
 // may copy directly (Transport::direct_possible, alike on both ends)
@@ -326,11 +306,12 @@ void Collectives::broadcast_in_place(const Op& op, const void* in, void* out, si
   uint8_t token = 1;
   if (rank_ != root) {
     if (try_direct && t_.direct_possible(root)) {
-      DirectHeader mine{reinterpret_cast<uintptr_t>(out), bytes, t_.copies_direct(root) ? 1u : 0u}, theirs;
+      const DirectHeader mine{0, reinterpret_cast<uintptr_t>(out), bytes, t_.copies_direct(root) ? 1u : 0u};
+      DirectHeader theirs;
       t_.send(root, Channel::kBroadcast, user(&mine, sizeof mine), 0, sizeof mine, 0, op.deadline);
       t_.recv(root, Channel::kBroadcast, user(&theirs, sizeof theirs), 0, sizeof theirs, op.deadline);
       if (theirs.direct) {
-        t_.read_direct(root, static_cast<unsigned char*>(out) + share, theirs.address + share, bytes - share,
+        t_.read_direct(root, static_cast<unsigned char*>(out) + share, theirs.in + share, bytes - share,
                        op.deadline);
         t_.send(root, Channel::kBroadcast, user(&token, 1), 0, 1, 0, op.deadline);
         return t_.recv(root, Channel::kBroadcast, user(&token, 1), 0, 1, op.deadline);
@@ -341,14 +322,15 @@ void Collectives::broadcast_in_place(const Op& op, const void* in, void* out, si
     }
     return;
   }
-  std::vector<DirectHeader> peers(static_cast<size_t>(size_));  // direct: 0 until a header says so
+  std::vector<DirectHeader>& peers = peer_headers_;
+  for (auto& h : peers) h = {};  // direct: 0 until a header says so
   for (int k = 1; k < size_; ++k) {
     const int p = (rank_ + k) % size_;
     if (!try_direct || !t_.direct_possible(p)) continue;
     DirectHeader& h = peers[static_cast<size_t>(p)];
     t_.recv(p, Channel::kBroadcast, user(&h, sizeof h), 0, sizeof h, op.deadline);
     h.direct = h.direct && h.bytes == bytes && t_.copies_direct(p);
-    const DirectHeader mine{reinterpret_cast<uintptr_t>(in), bytes, h.direct};
+    const DirectHeader mine{reinterpret_cast<uintptr_t>(in), 0, bytes, h.direct};
     t_.send(p, Channel::kBroadcast, user(&mine, sizeof mine), 0, sizeof mine, 0, op.deadline);
   }
   for (size_t off = 0; off < bytes; off += piece) {
@@ -361,7 +343,7 @@ void Collectives::broadcast_in_place(const Op& op, const void* in, void* out, si
   for (int k = 1; k < size_; ++k) {
     const int p = (rank_ + k) % size_;
     if (!peers[static_cast<size_t>(p)].direct) continue;
-    t_.write_direct(p, in, peers[static_cast<size_t>(p)].address, share, op.deadline);
+    t_.write_direct(p, in, peers[static_cast<size_t>(p)].out, share, op.deadline);
     t_.send(p, Channel::kBroadcast, user(&token, 1), 0, 1, 0, op.deadline);
   }
   if (out != in) std::memcpy(out, in, bytes);

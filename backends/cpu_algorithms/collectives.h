@@ -100,6 +100,11 @@ class Collectives {
   const unsigned char* block(int r, size_t bytes, int own_block) const;
   void reduce_blocks(void* out, size_t count, size_t es, ReduceFn fn, int own_block) const;
   void exchange_all(const Op& op, size_t bytes, bool blocks_per_peer);
+  // What ranks trade before copying directly (Transport::copies_direct):
+  // where their buffers lie, the op's bytes, and whether they copy directly.
+  struct DirectHeader {
+    uint64_t in = 0, out = 0, bytes = 0, direct = 0;
+  };
   // An all_reduce of kAllReduceDirectMinSegmentBytes per segment on an in-place transport;
   // false (nothing done but the headers) where not every rank copies directly.
   bool all_reduce_direct(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn);
@@ -132,6 +137,7 @@ class Collectives {
   std::vector<unsigned char> inbox_, outbox_, broadcast_, tokens_, staging_;
   std::vector<unsigned char> partials_;  // ring reduce-scatter's partial sums, grown on demand
   std::vector<unsigned char> segment_;   // a non-root's reduced segment in a ring reduce
+  std::vector<DirectHeader> peer_headers_;  // one per rank, rewritten by each direct op
 };
 
 }  // namespace comms::cpu_algorithms

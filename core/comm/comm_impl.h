@@ -81,10 +81,11 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     // Device memory in use after the last offload released the backend
     // (measured between its finalize and its destruction); -1 if unknown.
     int64_t memory_after_offload = -1;
-    // supports_reduction's answers for `reductions_of` (the backend object
-    // asked): per ReduceKind, one bit per DataType. Atomic: two threads may
-    // issue ops on one comm.
-    std::atomic<const plugin::Backend*> reductions_of{nullptr};
+    // supports_reduction's answers for the backend of generation
+    // `reductions_generation` (-1: none asked yet; a reload's new backend is
+    // asked again): per ReduceKind, one bit per DataType. Relaxed atomics:
+    // ops may come from different threads, one at a time (comm.h).
+    std::atomic<int> reductions_generation{-1};
     std::array<std::atomic<uint16_t>, kNumReduceKinds> reductions_known{};
     std::array<std::atomic<uint16_t>, kNumReduceKinds> reductions_supported{};
   };

@@ -121,18 +121,18 @@ Error Comm::Impl::unusable_backend(OpType type, DeviceType t) const {
 }
 
 bool Comm::Impl::supports_reduction(Slot& s, DataType dtype, ReduceKind kind, OpType type) const {
-  // Asked once per (dtype, kind) of each backend object: the answer is fixed
-  // for a backend's life (plugin.h), and a replaced backend is asked again.
+  // Asked once per (dtype, kind) of each backend: the answer is fixed for a
+  // backend's life (plugin.h), and a reload (a new generation) asks again.
   static_assert(kNumDataTypes <= 16, "one bit per dtype");
   const uint16_t mask = static_cast<uint16_t>(1u << static_cast<unsigned>(dtype));
   auto& known = s.reductions_known[static_cast<size_t>(kind)];
   auto& yes = s.reductions_supported[static_cast<size_t>(kind)];
-  if (s.reductions_of.load(std::memory_order_relaxed) == s.backend.get()) {
+  if (s.reductions_generation.load(std::memory_order_relaxed) == s.generation) {
     if (known.load(std::memory_order_relaxed) & mask) return (yes.load(std::memory_order_relaxed) & mask) != 0;
   } else {
     for (auto& k : s.reductions_known) k.store(0, std::memory_order_relaxed);
     for (auto& y : s.reductions_supported) y.store(0, std::memory_order_relaxed);
-    s.reductions_of.store(s.backend.get(), std::memory_order_relaxed);
+    s.reductions_generation.store(s.generation, std::memory_order_relaxed);
   }
   bool supported = false;
   const Status st = internal::call_plugin(s.plugin->name, "supports_reduction", [&] {

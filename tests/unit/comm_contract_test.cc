@@ -227,6 +227,13 @@ TEST_F(CommContract, SupportsReductionIsAskedOncePerDtypeAndKindAndItsRefusalKep
   before = plugin_op_calls(*c);
   c->all_reduce(on_0, ReduceOp::sum());  // the comm is still usable
   EXPECT_EQ(plugin_op_calls(*c), before + 1);
+  // A reloaded backend is another object (it may sit at the old one's
+  // address): it is asked again.
+  ASSERT_TRUE(c->offload_backend(DeviceType::kCuda));
+  ASSERT_TRUE(c->reload_backend(DeviceType::kCuda));
+  before = plugin_op_calls(*c);
+  c->all_reduce(on_0, ReduceOp::sum());
+  EXPECT_EQ(plugin_op_calls(*c), before + 2) << "the reloaded backend was not asked";
 }
 
 // comms::revoke reaches Backend::revoke on a plugin of ABI >= 2.4, and abort()
