@@ -12,15 +12,28 @@ PyObject* error_type = nullptr;
 
 py::object none_if(bool unknown, py::object value) { return unknown ? py::none() : value; }
 
-void raise_comms_error(const comms::Error& e) {
-  py::object instance = py::reinterpret_steal<py::object>(PyObject_CallFunction(error_type, "s", e.what()));
+// A comms.Error instance. Other extensions (comms.torch) build theirs through
+// _comms._error: they may use another pybind11 whose exception translators
+// this module's do not see.
+py::object error_instance(const std::string& what, const std::string& code, const py::object& comm,
+                          const py::object& op, const py::object& seq, const py::object& rank,
+                          const py::object& peer) {
+  py::object instance = py::reinterpret_steal<py::object>(PyObject_CallFunction(error_type, "s", what.c_str()));
   if (!instance) throw py::error_already_set();
-  instance.attr("code") = py::str(std::string(comms::to_string(e.code())));
-  instance.attr("comm") = none_if(e.comm().empty(), py::str(e.comm()));
-  instance.attr("op") = none_if(e.op().empty(), py::str(e.op()));
-  instance.attr("seq") = none_if(e.op().empty(), py::int_(e.seq()));
-  instance.attr("rank") = none_if(e.rank() < 0, py::int_(e.rank()));
-  instance.attr("peer") = none_if(e.peer() < 0, py::int_(e.peer()));
+  instance.attr("code") = py::str(code);
+  instance.attr("comm") = comm;
+  instance.attr("op") = op;
+  instance.attr("seq") = seq;
+  instance.attr("rank") = rank;
+  instance.attr("peer") = peer;
+  return instance;
+}
+
+void raise_comms_error(const comms::Error& e) {
+  py::object instance = error_instance(
+      e.what(), std::string(comms::to_string(e.code())), none_if(e.comm().empty(), py::str(e.comm())),
+      none_if(e.op().empty(), py::str(e.op())), none_if(e.op().empty(), py::int_(e.seq())),
+      none_if(e.rank() < 0, py::int_(e.rank())), none_if(e.peer() < 0, py::int_(e.peer())));
   PyErr_SetObject(error_type, instance.ptr());
 }
 
@@ -35,6 +48,7 @@ void register_error(py::module_& m) {
       PyExc_RuntimeError, defaults.ptr());
   if (!error_type) throw py::error_already_set();
   m.attr("Error") = py::handle(error_type);
+  m.def("_error", &error_instance, "A comms.Error (for comms.torch's translator).");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

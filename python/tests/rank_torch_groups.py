@@ -162,6 +162,60 @@ def registration_is_refused_where_the_backend_cannot(rank, size):
     expect(summed([1]), [size], "all_reduce after the refused registration")
 
 
+@check
+def torch_timeouts_reach_the_comm(rank, size):
+    # torch_rank.run gives init_process_group 60 s; set_timeout changes a live group.
+    expect(json.loads(comms.torch.describe()).get("op_timeout_ms"), 60000, "the world's op timeout")
+    g = dist.new_group(list(range(size)))
+    dist.set_timeout(datetime.timedelta(seconds=42), group=g)
+    expect(json.loads(comms.torch.describe(g)).get("op_timeout_ms"), 42000, "the group's timeout after set_timeout")
+    expect(summed([1], g), [size], "all_reduce after set_timeout")
+    dist.destroy_process_group(g)
+
+
+@check
+def split_group_gives_each_rank_its_part(rank, size):
+    halves = [list(range(0, size // 2)), list(range(size // 2, size))] if size > 1 else [[0]]
+    mine = next(h for h in halves if rank in h)
+    # A lazy NCCL backend cannot be split (it has no communicator yet): such
+    # a job splits the cpu backend alone.
+    cpu_only = {"backend": "cpu:gloo"} if has_lazy_nccl() else {}
+    g = dist.split_group(split_ranks=halves, pg_options=comms.torch.Options(timeout=11, **cpu_only))
+    expect(dist.get_world_size(g), len(mine), "split_group size")
+    expect(dist.get_rank(g), mine.index(rank), "split_group rank")
+    expect(summed([rank + 1], g), [sum(r + 1 for r in mine)], "all_reduce on my half")
+    expect(json.loads(comms.torch.describe(g)).get("op_timeout_ms"), 11000, "split_group's pg_options timeout")
+    # A split without options inherits its parent's (here busy_poll off);
+    # its op timeout is split_group's.
+    parent = dist.new_group(list(range(size)), pg_options=comms.torch.Options(busy_poll=False, **cpu_only))
+    inherit = dist.split_group(parent, split_ranks=[list(range(size))], timeout=datetime.timedelta(seconds=13))
+    child = json.loads(comms.torch.describe(inherit))
+    expect(child["backends"]["cpu"]["config"]["busy_poll_enabled"], False, "a split child's busy_poll")
+    expect(child.get("op_timeout_ms"), 13000, "split_group's timeout")
+    expect(summed([1], inherit), [size], "all_reduce on the inheriting split")
+    dist.destroy_process_group(parent)
+    dist.destroy_process_group(g)
+    dist.destroy_process_group(inherit)
+
+
+@check
+def shrink_group_leaves_out_the_excluded_rank(rank, size):
+    if size < 2:
+        return
+    g = dist.new_group(list(range(size)))
+    gone = size - 1
+    if rank != gone:  # torch: only the ranks that stay call shrink_group
+        small = dist.shrink_group([gone], group=g)
+        expect(dist.get_world_size(small), size - 1, "shrunk size")
+        expect(summed([rank + 1], small), [sum(range(1, size))], "all_reduce without rank %d" % gone)
+        # torch replaces the group it shrank: the old handle is gone here.
+        raises(lambda: summed([1], g), ["not initialized"], "an op on the group that was shrunk")
+        dist.destroy_process_group(small)
+    else:
+        dist.destroy_process_group(g)
+    expect(summed([1]), [size], "the world after the shrink")
+
+
 def main():
     torch_rank.run(CHECKS)
 

@@ -1,16 +1,17 @@
 """comms.torch: the torch.distributed backend "comms" (docs/TORCH.md).
 
-    import comms.torch                      # registers the backend name "comms"
-    torch.distributed.init_process_group("comms")
+    torch.distributed.init_process_group("comms")   # torch finds the backend by its entry point
+    import comms.torch                              # or registers it by import
 
 Groups bootstrap through the store torch hands the backend (each group under
 its own prefix). Their comms backends come from COMMS_BACKEND (e.g.
 "cpu:ucx,cuda:nccl") unless Options(backend=...) names them; COMMS_ROUTE
-chooses how new_group creates a group, as in comms.dist.
+chooses how new_group creates a group, as in comms.dist. Everything goes
+through torch's public backend hooks (register_backend, Backend.split,
+shrink, shutdown, abort); nothing of torch is patched.
 """
 import datetime
-import functools
-import inspect
+import os
 
 import torch  # noqa: F401  (torch's C++ classes must exist before _C loads)
 import torch.distributed as _dist
@@ -39,7 +40,7 @@ def _seconds(name, value):
     return datetime.timedelta(seconds=value)
 
 
-class Options:
+class Options(_C._CommsOptions):
     """pg_options of init_process_group / new_group for backend "comms".
 
     backend        comms backends, e.g. "cpu:ucx" or "cpu:gloo,cuda:nccl" (default: COMMS_BACKEND)
@@ -53,6 +54,8 @@ class Options:
     """
 
     def __init__(self, **options):
+        _C._CommsOptions.__init__(self)  # the C++ half torch keeps (split_group's pg_options)
+        self.__dict__["_ready"] = False
         self.backend = None
         self.timeout = None
         self.init_timeout = None
@@ -62,17 +65,33 @@ class Options:
         self.gloo = {}
         for key, value in options.items():
             setattr(self, key, value)
+        self.__dict__["_ready"] = True
+        self._sync()
+
+    # torch's Backend.Options has a read-only `backend` (its own name): ours
+    # is the comms backend string.
+    backend = property(lambda self: self.__dict__.get("backend"))
+
+    def _sync(self):
+        """Hands the translated options to the C++ half, where split() reads them."""
+        if self.__dict__.get("_ready"):
+            ms = lambda t: None if t is None else datetime.timedelta(seconds=t.total_seconds())  # noqa: E731
+            self._set_config(self.backend or "", self.to_hints(), ms(self.timeout), ms(self.init_timeout))
 
     def __setattr__(self, key, value):
+        self._set(key, value)
+        self._sync()
+
+    def _set(self, key, value):
         if key in ("nccl", "gloo") and isinstance(value, dict) and not value:
-            object.__setattr__(self, key, value)
+            self.__dict__[key] = value
         elif key in _NCCL_FIELDS or key in _GLOO_FIELDS:
             kind = _NCCL_FIELDS.get(key) or _GLOO_FIELDS[key]
             if type(value) is not kind:  # noqa: E721  (True is not an int here)
                 raise ValueError("comms.torch.Options: %s must be %s, not %r" % (key, kind.__name__, value))
             (self.nccl if key in _NCCL_FIELDS else self.gloo)[key] = value
         elif key in _OWN_FIELDS:
-            object.__setattr__(self, key, self._checked(key, value))
+            self.__dict__[key] = self._checked(key, value)
         else:
             raise ValueError("comms.torch.Options: unknown option '%s' (options: %s)"
                              % (key, ", ".join(sorted(_OWN_FIELDS + tuple(_NCCL_FIELDS) + tuple(_GLOO_FIELDS)))))
@@ -144,13 +163,12 @@ def _options_of(pg_options):
     raise ValueError("comms.torch: pg_options must be comms.torch.Options, not %s" % type(pg_options).__name__)
 
 
-_state = {"splits": 0, "generation": 0, "names": {}}
+_state = {"generation": 0, "names": {}}
 
 
 def _unique_name(name):
     """Comm names are unique in a process and key the rendezvous: a group torch
-    creates twice (one backend per device, "cpu:comms,cuda:comms") gets a
-    suffix, in the same order on every rank."""
+    creates twice gets a suffix, in the same order on every rank."""
     seen = _state["names"].get(name, 0)
     _state["names"][name] = seen + 1
     return name if seen == 0 else "%s.%d" % (name, seen)
@@ -160,7 +178,7 @@ def _backend_of(pg):
     """The comms backend behind a torch group, or None."""
     if isinstance(pg, ProcessGroupComms):
         return pg
-    get = getattr(pg, "_get_backend", None)  # torch >= 2: a ProcessGroup of per-device backends
+    get = getattr(pg, "_get_backend", None)  # a ProcessGroup of per-device backends
     if get is not None:
         for device in ("cpu", "cuda"):
             try:
@@ -172,95 +190,46 @@ def _backend_of(pg):
     return None
 
 
-def _world_backend():
-    world = _c10d.GroupMember.WORLD
-    return _backend_of(world) if world is not None else None
-
-
-def _timeout_of(torch_timeout, explicit):
+def _timeout_of(torch_timeout, explicit, variable):
+    """Options' value, else torch's timeout for the group. torch's default
+    (30 min) gives way to comms' environment variable where one is set."""
     if explicit is not None:
         return explicit
-    if torch_timeout is None or torch_timeout == _c10d.default_pg_timeout:
-        return None  # comms' own default (COMMS_OP_TIMEOUT, COMMS_INIT_TIMEOUT)
+    if torch_timeout is None or (torch_timeout == _c10d.default_pg_timeout and os.environ.get(variable)):
+        return None  # comms reads COMMS_OP_TIMEOUT / COMMS_INIT_TIMEOUT
     return datetime.timedelta(seconds=torch_timeout.total_seconds())
 
 
-def _create(*args):
-    if len(args) == 2:  # extended_api: (_DistributedBackendOptions, pg_options)
-        opts, pg_options = args
-        store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
-        group_id, global_ranks = str(opts.group_id), list(opts.global_ranks_in_group)
-    else:
-        (store, rank, size, timeout), pg_options = args, None
-        group_id, global_ranks = None, []
+def _create(opts, pg_options):
+    """torch's creator (extended API): opts is c10d's _DistributedBackendOptions."""
+    store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
+    group_id, global_ranks = str(opts.group_id), list(opts.global_ranks_in_group)
     options = _options_of(pg_options)
     hints = options.to_hints()
-    op_timeout = _timeout_of(timeout, options.timeout)
-    init_timeout = _timeout_of(timeout, options.init_timeout)
+    op_timeout = _timeout_of(timeout, options.timeout, "COMMS_OP_TIMEOUT")
+    init_timeout = _timeout_of(timeout, options.init_timeout, "COMMS_INIT_TIMEOUT")
     backend = options.backend or ""
-    world = _world_backend()
-    is_world = not global_ranks or world is None
-    if is_world:
+    split_from = getattr(opts, "split_from", None)
+    if not global_ranks:  # the world: a new generation of names
         _state["generation"] += 1
-        _state["splits"] = 0
         _state["names"] = {}
-    if not is_world and _comms_dist.route_from_environment() == "split":
-        _state["splits"] += 1
-        name = "torch%d.split%d" % (_state["generation"], _state["splits"])
-        return _C.split(world, global_ranks, rank, name, backend, hints, op_timeout, init_timeout)
+    if global_ranks and isinstance(split_from, ProcessGroupComms):
+        # torch splits from a device-bound world (device_id=, or COMMS_ROUTE=split);
+        # non-members take part through perform_nocolor_split.
+        name = "torch%d.%s" % (_state["generation"], group_id)
+        return _C.split(split_from, global_ranks, name, backend, hints, op_timeout, init_timeout)
     device = options.device
-    if is_world and device is None and _comms_dist.route_from_environment() == "split":
-        device = "cpu"  # the split route carves groups from an eagerly bound world
-    name = _unique_name("torch%d.%s" % (_state["generation"], group_id if group_id is not None else "pg"))
+    if not global_ranks and _comms_dist.route_from_environment() == "split":
+        # The split route carves every new_group from the world: the world
+        # binds eagerly, and torch routes new_group through split() when the
+        # world has a bound device (init_process_group's device_id, else cpu).
+        pg = opts.process_group
+        if pg.bound_device_id is None:
+            pg.bound_device_id = torch.device("cpu", 0)
+        if device is None:
+            device = str(pg.bound_device_id)
+    name = _unique_name("torch%d.%s" % (_state["generation"], group_id))
     return _C.create(store, rank, size, name, backend, hints, op_timeout, init_timeout, device)
-
-
-def _split_for_nonmembers(helper):
-    """Under COMMS_ROUTE=split every rank of the world takes part in a split,
-    but torch calls the backend only on members: non-members join here."""
-    if getattr(helper, "_comms_torch", False):
-        return helper
-    signature = inspect.signature(helper)
-
-    @functools.wraps(helper)
-    def new_process_group_helper(*args, **kwargs):
-        pg = helper(*args, **kwargs)
-        bound = signature.bind_partial(*args, **kwargs).arguments
-        ranks, backend = bound.get("global_ranks_in_group"), bound.get("backend")
-        if (pg is _c10d.GroupMember.NON_GROUP_MEMBER and ranks and str(backend).lower() == "comms"
-                and _comms_dist.route_from_environment() == "split"):
-            world = _world_backend()
-            if world is not None:
-                _state["splits"] += 1
-                _C.split_nonmember(world, "torch%d.split%d" % (_state["generation"], _state["splits"]))
-        return pg
-
-    new_process_group_helper._comms_torch = True
-    return new_process_group_helper
-
-
-def _comms_groups(group):
-    if group is None or group is _c10d.GroupMember.WORLD:
-        return [b for b in (_backend_of(pg) for pg in list(_c10d._pg_map)) if b is not None]
-    backend = _backend_of(group)
-    return [backend] if backend is not None else []
-
-
-def _finalizing(destroy):
-    """destroy_process_group(g) also finalizes exactly g's comm (every group's
-    with no argument), once torch has dropped the group."""
-    if getattr(destroy, "_comms_torch", False):
-        return destroy
-
-    @functools.wraps(destroy)
-    def destroy_process_group(group=None):
-        doomed = _comms_groups(group) if group is not _c10d.GroupMember.NON_GROUP_MEMBER else []
-        destroy(group)
-        for backend in reversed(doomed):
-            backend.finalize()
-
-    destroy_process_group._comms_torch = True
-    return destroy_process_group
 
 
 def describe(group=None):
@@ -308,23 +277,16 @@ def _comms_backend(group, call):
     return backend
 
 
-def _register():
-    plugins = getattr(_dist.Backend, "_plugins", {})
-    if "COMMS" in plugins or "comms" in getattr(_dist.Backend, "backend_list", []):
-        return  # idempotent: registered by an earlier import (or a reload of this module)
-    parameters = inspect.signature(_dist.Backend.register_backend).parameters
-    kwargs = {}
-    if "extended_api" in parameters:
-        kwargs["extended_api"] = True
-    if "devices" in parameters:
-        kwargs["devices"] = ["cpu", "cuda"]
-    _dist.Backend.register_backend("comms", _create, **kwargs)
+def register_backend():
+    """Registers "comms" with torch.distributed (idempotent). torch calls it
+    through the entry point group torch.distributed.backends; importing
+    comms.torch calls it too."""
+    if "COMMS" in getattr(_dist.Backend, "_plugins", {}):
+        return
+    _dist.Backend.register_backend("comms", _create, extended_api=True, devices=["cpu", "cuda"])
 
 
-_register()
-_c10d._new_process_group_helper = _split_for_nonmembers(_c10d._new_process_group_helper)
-_c10d.destroy_process_group = _finalizing(_c10d.destroy_process_group)
-_dist.destroy_process_group = _c10d.destroy_process_group
+register_backend()
 
-__all__ = ["Options", "ProcessGroupComms", "can_register_tensors", "describe", "offload_groups", "register_tensor",
-           "reload_groups"]
+__all__ = ["Options", "ProcessGroupComms", "can_register_tensors", "describe", "offload_groups", "register_backend",
+           "register_tensor", "reload_groups"]

@@ -1,6 +1,7 @@
 // Every c10d call of the "comms" backend: checks, views, then one comms op.
 #include "process_group.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #ifdef COMMS_TORCH_CUDA
@@ -8,6 +9,8 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "comms/elastic.h"
+#include "p2p_channels.h"
 #include "tensors.h"
 
 namespace comms_torch {
@@ -24,9 +27,9 @@ comms::ReduceOp reduce_op_of(const c10d::ReduceOp& op, const at::Tensor& t, cons
     case c10d::ReduceOp::SUM: return comms::ReduceOp::sum();
     case c10d::ReduceOp::AVG: return comms::ReduceOp::avg();
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
       if (s == nullptr) fail(call, "PREMUL_SUM without its factor");
-      const double f = s->tensor_factors.empty() ? s->double_factor : s->tensor_factors[0].item<double>();
+      const double f = s->tensor_factor.defined() ? s->tensor_factor.item<double>() : s->double_factor;
       return comms::ReduceOp::premul_sum(f);
     }
     default: break;
@@ -65,7 +68,7 @@ void check_root(int64_t root, int size, const char* call) {
 
 ProcessGroupComms::ProcessGroupComms(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      const GroupConfig& config)
-    : BackendBase(rank, size), watcher_(make_future_watcher()), p2p_(std::make_shared<P2PQueue>(this)) {
+    : c10d::Backend(rank, size), store_(store), config_(config), watcher_(make_future_watcher()) {
   comms::CommOptions options;
   options.store = std::make_shared<C10dStore>(store);
   options.rank = rank;
@@ -74,32 +77,46 @@ ProcessGroupComms::ProcessGroupComms(const c10::intrusive_ptr<c10d::Store>& stor
   options.op_timeout = config.op_timeout;
   options.init_timeout = config.init_timeout;
   comm_ = comms::new_comm(config.backend, config.device, config.name, options);
+  channels_ = std::make_unique<P2PChannels>(store_, config_, comm_->backend_string(), rank);
 }
 
-ProcessGroupComms::ProcessGroupComms(ProcessGroupComms& parent, const std::vector<int>& ranks, int rank,
+ProcessGroupComms::ProcessGroupComms(ProcessGroupComms& parent, const std::vector<int>& ranks,
                                      const GroupConfig& config)
-    : BackendBase(rank, static_cast<int>(ranks.size())),
-      watcher_(make_future_watcher()),
-      p2p_(std::make_shared<P2PQueue>(this)) {
+    : c10d::Backend(0, static_cast<int>(ranks.size())),
+      store_(parent.store_),
+      config_(config),
+      watcher_(make_future_watcher()) {
   comms::SplitOptions options;
   options.hints = config.hints;
   options.op_timeout = config.op_timeout;
   options.init_timeout = config.init_timeout;
   options.backend = config.backend;
-  comm_ = parent.live("new_group").split(ranks, config.name, options);
+  comm_ = parent.live("split").split(ranks, config.name, options);
+  rank_ = comm_->rank();
+  channels_ = std::make_unique<P2PChannels>(store_, config_, comm_->backend_string(), rank_);
+}
+
+ProcessGroupComms::ProcessGroupComms(std::shared_ptr<comms::Comm> comm, const c10::intrusive_ptr<c10d::Store>& store,
+                                     const GroupConfig& config)
+    : c10d::Backend(comm->rank(), comm->size()),
+      comm_(std::move(comm)),
+      store_(store),
+      config_(config),
+      watcher_(make_future_watcher()) {
+  config_.name = comm_->name();
+  channels_ = std::make_unique<P2PChannels>(store_, config_, comm_->backend_string(), rank_);
 }
 
 ProcessGroupComms::~ProcessGroupComms() {
   try {
     finalize();
   } catch (const std::exception& e) {
-    TORCH_WARN("comms.torch: finalizing group ", comm_ ? comm_->name() : "", " failed: ", e.what());
+    TORCH_WARN("comms.torch: finalizing group ", config_.name, " failed: ", e.what());
   }
 }
 
 void ProcessGroupComms::finalize() {
   if (!comm_) return;
-  p2p_->detach();
   // Every op finishes (or fails) before its tensors may go.
   for (auto& w : pending_) {
     try {
@@ -109,14 +126,104 @@ void ProcessGroupComms::finalize() {
     }
   }
   pending_.clear();
-  comm_->finalize();
+  std::exception_ptr channel_failure;
+  try {
+    channels_->finalize();
+  } catch (...) {
+    channel_failure = std::current_exception();
+  }
+  auto comm = std::move(comm_);
   comm_.reset();
+  comm->finalize();
+  if (channel_failure) std::rethrow_exception(channel_failure);
 }
 
-comms::Comm& ProcessGroupComms::live(const char* call, bool flush) {
+void ProcessGroupComms::abort() {
+  if (!comm_) return;
+  channels_->abort("the group was aborted");
+  comm_->abort("the group was aborted (torch abort)");
+}
+
+comms::Comm& ProcessGroupComms::live(const char* call) {
   if (!comm_) fail(call, "the group was destroyed (destroy_process_group)");
-  if (flush) P2PQueue::flush_all();
   return *comm_;
+}
+
+void ProcessGroupComms::split_as_nonmember(const std::string& name) {
+  live("split").split(std::span<const int>(), name);
+}
+
+bool ProcessGroupComms::offload(comms::DeviceType type) {
+  channels_->finalize();  // remade on the next send or recv
+  return live("offload").offload_backend(type);
+}
+
+bool ProcessGroupComms::reload(comms::DeviceType type) { return live("reload").reload_backend(type); }
+
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupComms::getBackendOptions() {
+  // What a split child inherits: backend, hints and init timeout; its op
+  // timeout is split_group's (torch writes it into these options).
+  auto opts = c10::make_intrusive<CommsOptions>();
+  opts->config = config_;
+  opts->config.name.clear();
+  opts->config.device.reset();
+  opts->config.op_timeout.reset();
+  if (comm_) opts->timeout = comm_->op_timeout();
+  return opts;
+}
+
+GroupConfig ProcessGroupComms::child_config(const c10::intrusive_ptr<c10d::Backend::Options>& opts,
+                                            const std::string& name, const char* call) const {
+  GroupConfig child = config_;
+  child.op_timeout.reset();
+  if (opts) {
+    auto* own = dynamic_cast<CommsOptions*>(opts.get());
+    if (own == nullptr) {
+      fail(call, "options of backend '" + opts->backend +
+                     "' cannot configure a comms group: pass comms.torch.Options (pg_options)");
+    }
+    child = own->config;
+    // comms.torch.Options' timeout wins; else the call's (torch sets it).
+    if (!child.op_timeout && opts->timeout.count() > 0) child.op_timeout = opts->timeout;
+  }
+  child.device.reset();  // a split child is bound as its parent is
+  child.name = name;
+  return child;
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupComms::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                           const std::vector<int>& ranks,
+                                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  (void)store;  // the child bootstraps inside the parent's comm (its own store namespace)
+  const std::string group = opts && !opts->group_name.empty() ? opts->group_name : "split";
+  const std::string name = config_.name + "/" + group;
+  const auto child = child_config(opts, name, "split_group");
+  if (std::find(ranks.begin(), ranks.end(), getRank()) == ranks.end()) {
+    split_as_nonmember(name);
+    return nullptr;
+  }
+  return c10::make_intrusive<ProcessGroupComms>(*this, ranks, child);
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupComms::shrink(const std::vector<int64_t>& ranks_to_exclude,
+                                                            int shrink_flags,
+                                                            const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  auto& c = live("shrink_group");
+  if (opts) fail("shrink_group", "pg_options: a shrunk comms group keeps its parent's options");
+  std::vector<int> exclude(ranks_to_exclude.begin(), ranks_to_exclude.end());
+  // The survivors' comm bootstraps through the store, not through the old
+  // comm, so the ops in flight there do not hold it up. SHRINK_ABORT makes
+  // them fail now instead of waiting for the lost rank.
+  auto survivors = comms::shrink(c, exclude);
+  if (shrink_flags != 0) abort();
+  if (!survivors) return nullptr;
+  return c10::make_intrusive<ProcessGroupComms>(std::move(survivors), store_, config_);
+}
+
+void ProcessGroupComms::setTimeout(std::chrono::milliseconds timeout) {
+  live("set_timeout").set_timeout(timeout);
+  config_.op_timeout = timeout;
+  channels_->set_timeout(timeout);
 }
 
 comms::OpOptions ProcessGroupComms::op_options(Ms timeout, const Tensors& tensors) {
@@ -142,6 +249,8 @@ WorkPtr ProcessGroupComms::track(comms::Work work, Tensors keep, Tensors outputs
   auto w = c10::make_intrusive<CommsWork>(std::move(work), std::move(keep), std::move(outputs), type, getRank(),
                                           watcher_);
   pending_.push_back(w);
+  ++collectives_issued_;
+  if (coalescing_) window_last_ = w;
   return w;
 }
 
@@ -413,7 +522,7 @@ WorkPtr ProcessGroupComms::alltoall(Tensors& outputs, Tensors& inputs, const c10
 
 WorkPtr ProcessGroupComms::p2p(Tensors& tensors, int peer, int tag, bool is_send) {
   const char* call = is_send ? "send" : "recv";
-  live(call, false);
+  live(call);
   const auto& t = single(tensors, call, "tensor");
   if (peer < 0 || peer >= getSize() || peer == getRank()) {
     fail(call, "peer rank " + std::to_string(peer) + " is not another rank of the group of " +
@@ -422,11 +531,20 @@ WorkPtr ProcessGroupComms::p2p(Tensors& tensors, int peer, int tag, bool is_send
   if (tag < 0) fail(call, "tag " + std::to_string(tag) + " is negative");
   const auto v = view_of(t, Use::kMove, call, "tensor");
   const auto type = is_send ? c10d::OpType::SEND : c10d::OpType::RECV;
-  // Queued: issued with the sends and receives around it (P2PQueue).
   const auto u = static_cast<uint32_t>(tag);
   auto w = c10::make_intrusive<CommsWork>(comms::Work(), Tensors{t}, tensors, type, getRank(), watcher_);
-  w->set_queue(p2p_);
-  p2p_->add(is_send ? comms::P2POp::send(v, peer, u) : comms::P2POp::recv(v, peer, u), t, w);
+  if (coalescing_) {  // one batch_p2p at endCoalescing
+    w->expect_assignment();
+    coalesced_ops_.push_back(is_send ? comms::P2POp::send(v, peer, u) : comms::P2POp::recv(v, peer, u));
+    coalesced_tensors_.push_back(t);
+    coalesced_works_.push_back(w);
+    return w;
+  }
+  auto opts = op_options(c10d::kUnsetTimeout, tensors);
+  opts.tag = u;
+  channels_->post(is_send, peer, v, opts, w);
+  while (!pending_.empty() && pending_.front()->isCompleted()) pending_.pop_front();
+  pending_.push_back(w);
   return w;
 }
 
@@ -444,32 +562,37 @@ WorkPtr ProcessGroupComms::barrier(const c10d::BarrierOptions& opts) {
   return track(std::move(w), {}, {}, c10d::OpType::BARRIER);
 }
 
-void ProcessGroupComms::startCoalescing() { p2p_->flush(); }
+void ProcessGroupComms::startCoalescing() {
+  live("start_coalescing");
+  coalescing_ = true;
+  window_last_.reset();
+}
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
 WorkPtr ProcessGroupComms::endCoalescing() {
-  last_batch_.reset();
-  p2p_->flush();
-  if (last_batch_) return std::move(last_batch_);
-  return c10::make_intrusive<CommsWork>(comms::Work(), Tensors{}, Tensors{}, c10d::OpType::UNKNOWN, getRank(),
-                                        watcher_);  // nothing was queued: done
-}
-#else
-void ProcessGroupComms::endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& /*reqs*/) { p2p_->flush(); }
-#endif
-
-void ProcessGroupComms::issue_batch(std::vector<comms::P2POp> ops, Tensors tensors,
-                                    std::vector<c10::intrusive_ptr<CommsWork>> works) {
-  try {
-    auto w = issue([&] { return live("batch_p2p", false).batch_p2p(ops, op_options(c10d::kUnsetTimeout, tensors)); });
-    for (auto& each : works) each->set_work(w);
-    last_batch_ = track(std::move(w), std::move(tensors), {}, c10d::OpType::UNKNOWN);
-  } catch (...) {  // each send and recv reports it when waited on
-    for (auto& each : works) each->set_error(std::current_exception());
+  coalescing_ = false;
+  auto ops = std::move(coalesced_ops_);
+  auto tensors = std::move(coalesced_tensors_);
+  auto works = std::move(coalesced_works_);
+  coalesced_ops_.clear();
+  coalesced_tensors_.clear();
+  coalesced_works_.clear();
+  if (!ops.empty()) {
+    try {
+      auto w = issue([&] { return live("batch_p2p").batch_p2p(ops, op_options(c10d::kUnsetTimeout, tensors)); });
+      for (auto& each : works) each->assign(w);
+      window_last_ = track(std::move(w), std::move(tensors), {}, c10d::OpType::COALESCED);
+    } catch (...) {  // each send and recv reports it when waited on
+      for (auto& each : works) each->assign_error(std::current_exception());
+      throw;
+    }
   }
+  auto last = std::move(window_last_);
+  window_last_.reset();
+  if (last) return last;
+  return c10::make_intrusive<CommsWork>(comms::Work(), Tensors{}, Tensors{}, c10d::OpType::COALESCED, getRank(),
+                                        watcher_);  // nothing was issued: done
 }
 
-#if TORCH_VERSION_MAJOR >= 2
 WorkPtr ProcessGroupComms::allgather_into_tensor_coalesced(Tensors& outputs, Tensors& inputs,
                                                            const c10d::AllgatherOptions& opts) {
   if (outputs.size() != inputs.size()) fail("all_gather_into_tensor_coalesced", "as many outputs as inputs");
@@ -491,6 +614,5 @@ void ProcessGroupComms::eagerConnectSingleDevice(at::Device device) {
   Tensors ts{t};
   allreduce(ts)->wait();
 }
-#endif
 
 }  // namespace comms_torch

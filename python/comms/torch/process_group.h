@@ -1,20 +1,21 @@
 // The c10d backend "comms": a torch process group over one comms::Comm.
 //
-// One source for torch 1.13 (backends subclass c10d::ProcessGroup) and
-// torch >= 2 (c10d::Backend), guarded by torch's own version header. Every
-// op is issued asynchronously on the comm and returns a CommsWork that keeps
-// its tensors until the op finished; CUDA ops follow torch's current stream.
+// A c10d::Backend of torch 2.x (docs/TORCH.md says which versions are
+// checked). Virtuals that newer torch releases added are declared without
+// `override`, so an older torch builds the same source (the method is then
+// simply ours). Every op is issued asynchronously on the comm and returns a
+// CommsWork that keeps its tensors until the op finished; CUDA ops follow
+// torch's current stream. torch reaches split, shrink, coalescing, timeouts,
+// shutdown and abort through the Backend's own virtuals: nothing of torch is
+// patched.
 #pragma once
 
-#include <torch/version.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#else
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#endif
+#include <torch/version.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -22,19 +23,14 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comms/comm.h"
 #include "comms/store.h"
 
-namespace comms_torch {
+static_assert(TORCH_VERSION_MAJOR >= 2, "comms.torch needs torch 2.x (docs/TORCH.md)");
 
-#if TORCH_VERSION_MAJOR >= 2
-using BackendBase = c10d::Backend;
-#else
-using BackendBase = c10d::ProcessGroup;
-#endif
+namespace comms_torch {
 
 // comms' Store interface over the c10d::Store torch hands a backend (already
 // prefixed with the group's name, so each group has its own namespace).
@@ -56,8 +52,7 @@ class C10dStore final : public comms::Store {
 
 class FutureWatcher;
 std::shared_ptr<FutureWatcher> make_future_watcher();
-class P2PQueue;
-class ProcessGroupComms;
+class P2PChannels;
 
 class CommsWork final : public c10d::Work {
  public:
@@ -74,19 +69,23 @@ class CommsWork final : public c10d::Work {
   // Runs once after the op succeeded, before anyone sees its outputs: copies
   // a staging buffer out into the caller's list of tensors.
   void set_finish(std::function<void()> finish) { finish_ = std::move(finish); }
-  // A queued send or recv: the queue issues it (P2PQueue) before anyone
-  // looks at the work, then gives it the batch's work or its error.
-  void set_queue(std::shared_ptr<P2PQueue> queue) { queue_ = std::move(queue); }
-  void set_work(comms::Work work) { work_ = std::move(work); }
-  void set_error(std::exception_ptr error) { error_ = std::move(error); }
+  // A send or recv posted before its channel's comm exists (P2PChannels):
+  // it waits for the comm's work, or the error that stopped the channel.
+  void expect_assignment();
+  void assign(comms::Work work);
+  void assign_error(std::exception_ptr error);
 
  private:
   friend class FutureWatcher;
   void finish_once();
-  void flush_queue();
+  // False if `timeout` passed before the work was assigned.
+  bool await_assignment(std::chrono::milliseconds timeout);
+  bool assigned() const { return assigned_.load(std::memory_order_acquire); }
   comms::Work work_;
-  std::shared_ptr<P2PQueue> queue_;
   std::exception_ptr error_;
+  std::atomic<bool> assigned_{true};
+  std::mutex assign_mutex_;
+  std::condition_variable assign_cv_;
   std::mutex finish_mutex_;
   std::function<void()> finish_;
   std::vector<at::Tensor> keep_;  // every tensor the op reads or writes
@@ -94,30 +93,6 @@ class CommsWork final : public c10d::Work {
   std::shared_ptr<FutureWatcher> watcher_;
   std::mutex future_mutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
-// Sends and receives wait here until the program looks at one of their works
-// or issues any other op, on any group of the process; then they go out as
-// one comms batch_p2p. comms runs a comm's ops in issue order, so an isend
-// and an irecv that cross between two ranks would otherwise wait for each
-// other, where torch programs expect them to progress together.
-class P2PQueue {
- public:
-  explicit P2PQueue(ProcessGroupComms* group);
-  ~P2PQueue();
-  void add(const comms::P2POp& op, const at::Tensor& tensor, const c10::intrusive_ptr<CommsWork>& work);
-  void flush();
-  // The group is going: issue what is queued, then forget the group.
-  void detach();
-  // Every group's queue; cheap (one atomic load) when nothing is queued.
-  static void flush_all();
-
- private:
-  std::mutex mutex_;
-  ProcessGroupComms* group_;
-  std::vector<comms::P2POp> ops_;
-  std::vector<at::Tensor> tensors_;
-  std::vector<c10::intrusive_ptr<CommsWork>> works_;
 };
 
 // What the Python side decided for a group (comms.torch.Options).
@@ -130,13 +105,24 @@ struct GroupConfig {
   std::optional<comms::Device> device;  // binds eagerly
 };
 
-class ProcessGroupComms final : public BackendBase {
+// The group's options as torch keeps them (getBackendOptions): split_group
+// hands a clone to split(), so a child inherits every option of its parent.
+struct CommsOptions final : c10d::Backend::Options {
+  CommsOptions() : Options("comms") {}
+  c10::intrusive_ptr<c10d::Backend::Options> clone() const {
+    return c10::make_intrusive<CommsOptions>(*this);
+  }
+  GroupConfig config;
+};
+
+class ProcessGroupComms final : public c10d::Backend {
  public:
-  ProcessGroupComms(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                    const GroupConfig& config);
-  // Splits from `parent` (COMMS_ROUTE=split): `ranks` are the parent's ranks
-  // of the members, in group-rank order.
-  ProcessGroupComms(ProcessGroupComms& parent, const std::vector<int>& ranks, int rank,
+  ProcessGroupComms(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const GroupConfig& config);
+  // A member's group carved from `parent`: `ranks` are the parent's ranks of
+  // the members, in group-rank order.
+  ProcessGroupComms(ProcessGroupComms& parent, const std::vector<int>& ranks, const GroupConfig& config);
+  // The survivors' group of a shrink.
+  ProcessGroupComms(std::shared_ptr<comms::Comm> comm, const c10::intrusive_ptr<c10d::Store>& store,
                     const GroupConfig& config);
   ~ProcessGroupComms() override;
 
@@ -144,6 +130,30 @@ class ProcessGroupComms final : public BackendBase {
   const std::shared_ptr<comms::Comm>& comm() const { return comm_; }
   // Waits for every op, then releases the comm (destroy_process_group).
   void finalize();
+  // A non-member's part in a split of this group (the split is collective
+  // over it): torch's new_group on a device-bound world, and split().
+  void split_as_nonmember(const std::string& name);
+  // Releases / recreates the backend of one device type, channels included.
+  bool offload(comms::DeviceType type);
+  bool reload(comms::DeviceType type);
+
+  bool supportsSplitting() const override { return true; }
+  bool supportsCoalescing() const override { return true; }
+  bool supportsShrinking() const { return true; }
+  bool isInitialized() override { return comm_ != nullptr; }
+  // The collectives issued on the group so far, the same on every rank of a
+  // correct program: TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper compares them.
+  void setSequenceNumberForGroup() override { collectives_issued_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return collectives_issued_; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts_override);
+  void setTimeout(std::chrono::milliseconds timeout);
+  void eagerConnectSingleDevice(at::Device device);
+  void shutdown() { finalize(); }
+  void abort();
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = {}) override;
@@ -161,6 +171,9 @@ class ProcessGroupComms final : public BackendBase {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts = {}) override;
@@ -172,6 +185,9 @@ class ProcessGroupComms final : public BackendBase {
                                                 const c10d::ReduceScatterOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits,
@@ -182,47 +198,37 @@ class ProcessGroupComms final : public BackendBase {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = {}) override;
-  // batch_isend_irecv: the sends and receives between start and end go out
-  // as one comms batch_p2p (the queue flushes at both ends).
+  // batch_isend_irecv and _coalescing_manager: the sends and receives between
+  // start and end go out as one comms batch_p2p; endCoalescing's work is done
+  // when every op of the window is (ops on one comm finish in issue order).
   void startCoalescing() override;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-  // Torch 2.1 made endCoalescing return the work every queued op waits on.
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
-#else
-  void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override;
-#endif
-#if TORCH_VERSION_MAJOR >= 2
-  // Torch 2.x names (not `override`: which release added each one varies,
-  // and a method the base lacks is then simply ours).
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::AllgatherOptions& opts = {});
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::ReduceScatterOptions& opts = {});
-  // device_id= at init: connect that device's backend now.
-  void eagerConnectSingleDevice(at::Device device);
-#endif
 
  private:
-  struct Issued;
+  friend class P2PChannels;
   comms::OpOptions op_options(std::chrono::milliseconds timeout, const std::vector<at::Tensor>& tensors);
   c10::intrusive_ptr<c10d::Work> track(comms::Work work, std::vector<at::Tensor> keep,
                                        std::vector<at::Tensor> outputs, c10d::OpType type);
   c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor>& tensors, int peer, int tag, bool is_send);
-  // The comm, after sending what other groups queued (unless `flush` is off).
-  comms::Comm& live(const char* call, bool flush = true);
-  friend class P2PQueue;
-  void issue_batch(std::vector<comms::P2POp> ops, std::vector<at::Tensor> tensors,
-                   std::vector<c10::intrusive_ptr<CommsWork>> works);
-  // The work of the last batch issue_batch issued (torch 2.1's endCoalescing).
-  c10::intrusive_ptr<c10d::Work> last_batch_;
+  comms::Comm& live(const char* call);
+  GroupConfig child_config(const c10::intrusive_ptr<c10d::Backend::Options>& opts, const std::string& name,
+                           const char* call) const;
 
   std::shared_ptr<comms::Comm> comm_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  GroupConfig config_;
   std::shared_ptr<FutureWatcher> watcher_;
   // Ops not known to be finished: their tensors stay alive until then.
   std::deque<c10::intrusive_ptr<CommsWork>> pending_;
-  std::shared_ptr<P2PQueue> p2p_;
+  std::unique_ptr<P2PChannels> channels_;
+  uint64_t collectives_issued_ = 0;
+  // Between startCoalescing and endCoalescing: the queued sends and
+  // receives, and the last work issued in the window.
+  bool coalescing_ = false;
+  std::vector<comms::P2POp> coalesced_ops_;
+  std::vector<at::Tensor> coalesced_tensors_;
+  std::vector<c10::intrusive_ptr<CommsWork>> coalesced_works_;
+  c10::intrusive_ptr<c10d::Work> window_last_;
 };
 
 }  // namespace comms_torch

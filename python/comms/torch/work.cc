@@ -3,7 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
+#include <thread>
 
 #include "process_group.h"
 
@@ -101,6 +101,7 @@ class FutureWatcher {
 
   static void complete(CommsWork& work) {
     try {
+      work.await_assignment(::kNoTimeout);
       if (work.error_) std::rethrow_exception(work.error_);
       work.work_.blocking_wait();
       work.finish_once();
@@ -118,61 +119,6 @@ class FutureWatcher {
 };
 
 std::shared_ptr<FutureWatcher> make_future_watcher() { return std::make_shared<FutureWatcher>(); }
-
-// --- sends and receives waiting to go out together -----------------------------
-
-namespace {
-std::mutex g_queues_mutex;
-std::vector<P2PQueue*> g_queues;     // every live group's queue
-std::atomic<int> g_nonempty_queues{0};  // the hot path reads only this
-}  // namespace
-
-P2PQueue::P2PQueue(ProcessGroupComms* group) : group_(group) {
-  std::lock_guard<std::mutex> lock(g_queues_mutex);
-  g_queues.push_back(this);
-}
-
-P2PQueue::~P2PQueue() {
-  std::lock_guard<std::mutex> lock(g_queues_mutex);
-  g_queues.erase(std::find(g_queues.begin(), g_queues.end(), this));
-}
-
-void P2PQueue::add(const comms::P2POp& op, const at::Tensor& tensor, const c10::intrusive_ptr<CommsWork>& work) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (ops_.empty()) g_nonempty_queues.fetch_add(1);
-  ops_.push_back(op);
-  tensors_.push_back(tensor);
-  works_.push_back(work);
-}
-
-void P2PQueue::flush() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (ops_.empty()) return;
-  g_nonempty_queues.fetch_sub(1);
-  auto ops = std::move(ops_);
-  auto tensors = std::move(tensors_);
-  auto works = std::move(works_);
-  ops_.clear();
-  tensors_.clear();
-  works_.clear();
-  if (group_ != nullptr) group_->issue_batch(std::move(ops), std::move(tensors), std::move(works));
-}
-
-void P2PQueue::detach() {
-  flush();
-  std::lock_guard<std::mutex> lock(mutex_);
-  group_ = nullptr;
-}
-
-void P2PQueue::flush_all() {
-  if (g_nonempty_queues.load(std::memory_order_relaxed) == 0) return;
-  std::vector<P2PQueue*> queues;
-  {
-    std::lock_guard<std::mutex> lock(g_queues_mutex);
-    queues = g_queues;
-  }
-  for (auto* q : queues) q->flush();  // groups are created and destroyed on the user's thread
-}
 
 // --- work ---------------------------------------------------------------------
 
@@ -194,12 +140,38 @@ void CommsWork::finish_once() {
   finish();
 }
 
-void CommsWork::flush_queue() {
-  if (queue_) P2PQueue::flush_all();  // a queued send or recv must be out before anyone waits for it
+void CommsWork::expect_assignment() { assigned_.store(false, std::memory_order_release); }
+
+void CommsWork::assign(comms::Work work) {
+  {
+    std::lock_guard<std::mutex> lock(assign_mutex_);
+    work_ = std::move(work);
+    assigned_.store(true, std::memory_order_release);
+  }
+  assign_cv_.notify_all();
+}
+
+void CommsWork::assign_error(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(assign_mutex_);
+    error_ = std::move(error);
+    assigned_.store(true, std::memory_order_release);
+  }
+  assign_cv_.notify_all();
+}
+
+bool CommsWork::await_assignment(std::chrono::milliseconds timeout) {
+  if (assigned()) return true;
+  std::unique_lock<std::mutex> lock(assign_mutex_);
+  if (timeout == kNoTimeout) {
+    assign_cv_.wait(lock, [&] { return assigned(); });
+    return true;
+  }
+  return assign_cv_.wait_for(lock, timeout, [&] { return assigned(); });
 }
 
 bool CommsWork::isCompleted() {
-  flush_queue();
+  if (!assigned()) return false;
   if (error_) return true;
   if (!work_.is_completed()) return false;
   if (work_.status() == comms::ErrorCode::kOk) finish_once();
@@ -207,26 +179,28 @@ bool CommsWork::isCompleted() {
 }
 
 bool CommsWork::isSuccess() const {
-  return !error_ && work_.is_completed() && work_.status() == comms::ErrorCode::kOk;
+  return assigned() && !error_ && work_.is_completed() && work_.status() == comms::ErrorCode::kOk;
 }
 
 std::exception_ptr CommsWork::exception() const {
+  if (!assigned()) return nullptr;
   if (error_) return error_;
   if (!work_.is_completed() || work_.status() == comms::ErrorCode::kOk) return nullptr;
   return std::make_exception_ptr(comms::Error(work_.status(), work_.error_message()));
 }
 
 bool CommsWork::wait(std::chrono::milliseconds timeout) {
-  flush_queue();
+  const auto start = std::chrono::steady_clock::now();
+  const auto timed_out = [&] {
+    return comms::Error(comms::ErrorCode::kTimeout, "comms.torch Work.wait: the op did not finish within " +
+                                                        std::to_string(timeout.count()) + " ms");
+  };
+  if (!await_assignment(timeout)) throw timed_out();
   if (error_) std::rethrow_exception(error_);
   if (timeout != kNoTimeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = start + timeout;
     while (!work_.is_completed()) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        throw comms::Error(comms::ErrorCode::kTimeout,
-                           "comms.torch Work.wait: the op did not finish within " +
-                               std::to_string(timeout.count()) + " ms");
-      }
+      if (std::chrono::steady_clock::now() >= deadline) throw timed_out();
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
@@ -238,7 +212,6 @@ bool CommsWork::wait(std::chrono::milliseconds timeout) {
 void CommsWork::synchronize() { wait(kNoTimeout); }
 
 c10::intrusive_ptr<c10::ivalue::Future> CommsWork::getFuture() {
-  flush_queue();
   std::lock_guard<std::mutex> lock(future_mutex_);
   if (!future_) {
     std::vector<c10::Device> devices;
