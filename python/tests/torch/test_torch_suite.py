@@ -87,6 +87,12 @@ def test_compare_lists_every_baseline_pass_that_does_not_pass_with_its_reason(tm
     allow.write_text("test_b  # gloo only\ntest_c  # was broken\n")
     p = driver("compare", "--allow", str(allow), str(base), str(cand))
     assert p.returncode == 1 and "pass on comms (remove them from" in p.stdout and "test_c" in p.stdout, p.stdout
+    # So does a listed test that does not pass on the baseline (test_e skips there, test_z is not in it).
+    allow.write_text("test_b  # gloo only\ntest_e  # CUDA\ntest_z  # gone\n")
+    p = driver("compare", "--allow", str(allow), str(base), str(cand))
+    assert p.returncode == 1, p.stdout
+    assert "do not pass on gloo either (remove them from" in p.stdout, p.stdout
+    assert "test_e (skip), test_z (missing)" in p.stdout, p.stdout
     allow.write_text("test_b\n")
     p = driver("compare", "--allow", str(allow), str(base), str(cand))
     assert p.returncode != 0 and "test_b has no reason" in p.stderr, p.stdout + p.stderr

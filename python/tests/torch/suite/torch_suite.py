@@ -26,9 +26,11 @@ exit 0 when no test failed or errored.
 
 compare: lists every test that passes on BASELINE and not on CANDIDATE, with
 the candidate's outcome and reason (of the tests CANDIDATE ran, when it ran
-a selection); refuses (exit 1) two runs on different torch releases. Exit 1 when one of them is not in the allow-list FILE (lines
+a selection). Exit 1 when one of them is not in the allow-list FILE (lines
 "test_name  # reason"; a reason is required), whatever its outcome (skip,
-fail, error, missing), or when a listed test passes (the list is stale).
+fail, error, missing); when a listed test passes, or does not pass on
+BASELINE (skipped there, or not in its suite): the list is stale; or when
+the two runs are on different torch releases (each has its own suite).
 """
 import argparse
 import contextlib
@@ -306,6 +308,9 @@ def compare_files(baseline_path, candidate_path, allow_path=None, counts_line=Fa
             continue
         (excused if name in allowed else broken).append((name, r["outcome"], r["reason"]))
     stale = [name for name in allowed if name_outcome(candidate, name) == "pass"]
+    # A listed test that does not pass on the baseline (skipped there, or no
+    # longer in torch's suite) excuses nothing: the list is stale too.
+    unneeded = [name for name in allowed if name_outcome(baseline, name) != "pass"]
     gained = [r["name"] for r in candidate["tests"]
               if r["outcome"] == "pass" and name_outcome(baseline, r["name"]) != "pass"]
     print("%d of the %d tests that pass on %s pass on %s" % (len(passing) - len(broken) - len(excused), len(passing),
@@ -318,13 +323,17 @@ def compare_files(baseline_path, candidate_path, allow_path=None, counts_line=Fa
     if stale:
         print("\nallowed not to pass, but pass on %s (remove them from %s): %s"
               % (candidate["backend"], allow_path, ", ".join(stale)))
+    if unneeded:
+        print("\nallowed not to pass, but do not pass on %s either (remove them from %s): %s"
+              % (baseline["backend"], allow_path, ", ".join(
+                  "%s (%s)" % (name, name_outcome(baseline, name)) for name in unneeded)))
     if gained:
         print("\npass on %s but not on %s (%d): %s" % (candidate["backend"], baseline["backend"], len(gained),
                                                        ", ".join(gained)))
     if counts_line:  # what scripts/run_tests.py counts: the baseline's passing tests
         print("%d passed, %d failed, %d skipped" % (len(passing) - len(broken) - len(excused),
-                                                    len(broken) + len(stale), len(excused)))
-    return 1 if broken or stale else 0
+                                                    len(broken) + len(stale) + len(unneeded), len(excused)))
+    return 1 if broken or stale or unneeded else 0
 
 
 def name_outcome(document, name):
