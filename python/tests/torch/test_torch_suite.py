@@ -18,7 +18,7 @@ def driver(*args, timeout=300):
 def test_a_gloo_run_records_each_test_with_its_outcome(tmp_path):
     out = tmp_path / "gloo.json"
     # One test that passes, one that skips at the parent (torch's nccl-only test) and
-    # one that skips in the ranks (CUDA).
+    # one that skips in the ranks (no accelerator).
     # Forked ranks: a spawned rank imports torch afresh, tens of seconds per test on two loaded cores.
     p = driver("run", "--backend", "gloo", "--start-method", "fork", "--json", str(out), "-k", "test_get_rank_size_group",
                "-k", "test_send_recv_nccl_autograd_profiler", "-k", "test_all_reduce_sum_cuda_async")
@@ -29,7 +29,7 @@ def test_a_gloo_run_records_each_test_with_its_outcome(tmp_path):
     assert outcomes == {
         "test_get_rank_size_group": ("pass", ""),
         "test_send_recv_nccl_autograd_profiler": ("skip", "NCCL Send Recv Only"),
-        "test_all_reduce_sum_cuda_async": ("skip", "CUDA is not available."),
+        "test_all_reduce_sum_cuda_async": ("skip", "accelerator is not available."),
     }, outcomes
     assert doc["summary"] == {"pass": 1, "fail": 0, "error": 0, "skip": 2, "total": 3}
     assert "1 passed, 0 failed, 2 skipped" in p.stdout
@@ -47,8 +47,8 @@ def test_comms_without_comms_torch_stops_saying_so(tmp_path):
     assert "comms.torch not built" in p.stderr
 
 
-def document(backend, outcomes):
-    return {"backend": backend, "world_size": 4, "tests": [
+def document(backend, outcomes, torch_version="2.15.0"):
+    return {"backend": backend, "world_size": 4, "torch": torch_version, "tests": [
         {"name": n, "outcome": o, "reason": r, "seconds": 1.0} for n, (o, r) in outcomes.items()]}
 
 
@@ -87,6 +87,26 @@ def test_compare_lists_every_baseline_pass_that_does_not_pass_with_its_reason(tm
     allow.write_text("test_b  # gloo only\ntest_c  # was broken\n")
     p = driver("compare", "--allow", str(allow), str(base), str(cand))
     assert p.returncode == 1 and "pass on comms (remove them from" in p.stdout and "test_c" in p.stdout, p.stdout
+    # So does a listed test that does not pass on the baseline (test_e skips there, test_z is not in it).
+    allow.write_text("test_b  # gloo only\ntest_e  # CUDA\ntest_z  # gone\n")
+    p = driver("compare", "--allow", str(allow), str(base), str(cand))
+    assert p.returncode == 1, p.stdout
+    assert "do not pass on gloo either (remove them from" in p.stdout, p.stdout
+    assert "test_e (skip), test_z (missing)" in p.stdout, p.stdout
     allow.write_text("test_b\n")
     p = driver("compare", "--allow", str(allow), str(base), str(cand))
     assert p.returncode != 0 and "test_b has no reason" in p.stderr, p.stdout + p.stderr
+
+
+def test_compare_refuses_runs_on_different_torch_releases(tmp_path):
+    base = tmp_path / "base.json"
+    cand = tmp_path / "cand.json"
+    base.write_text(json.dumps(document("gloo", {"test_a": ("pass", "")}, torch_version="1.13.0a0")))
+    cand.write_text(json.dumps(document("comms", {"test_a": ("pass", "")}, torch_version="2.15.0+cu132")))
+    p = driver("compare", str(base), str(cand))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "recorded on torch 1.13" in p.stderr and "ran on torch 2.15" in p.stderr, p.stderr
+    # A build of the same release (local version, patch) compares.
+    base.write_text(json.dumps(document("gloo", {"test_a": ("pass", "")}, torch_version="2.15.0")))
+    p = driver("compare", str(base), str(cand))
+    assert p.returncode == 0 and "1 of the 1 tests that pass on gloo pass on comms" in p.stdout, p.stdout + p.stderr

@@ -15,7 +15,7 @@ run: OUT gets {"backend", "world_size", "torch", "summary", "tests": [{"name",
 rewritten after every test; the ranks' output goes to LOG (default OUT with
 .log). --tests FILE runs the names listed there (one per line, # comments);
 -k keeps the names containing a substring. --test-timeout caps torch's own
-limit per test (300 s, 500 s for DDP). --compare ends the run with the
+limit per test (300 s; 400 and 500 s for two DDP tests). --compare ends the run with the
 comparison below against BASELINE (its exit status, and as counts the
 tests that pass on BASELINE: passed, failed (not allowed), skipped
 (allowed)). BACKEND=comms imports comms.torch from BUILD/python (default
@@ -28,7 +28,9 @@ compare: lists every test that passes on BASELINE and not on CANDIDATE, with
 the candidate's outcome and reason (of the tests CANDIDATE ran, when it ran
 a selection). Exit 1 when one of them is not in the allow-list FILE (lines
 "test_name  # reason"; a reason is required), whatever its outcome (skip,
-fail, error, missing), or when a listed test passes (the list is stale).
+fail, error, missing); when a listed test passes, or does not pass on
+BASELINE (skipped there, or not in its suite): the list is stale; or when
+the two runs are on different torch releases (each has its own suite).
 """
 import argparse
 import contextlib
@@ -90,9 +92,15 @@ def failure_reason(text):
     return lines[-1][:400] if lines else ""
 
 
+# torch's informational lines in the ranks' output: its logger's info and
+# warning lines ("I1127 14:41:30.787000 6162 file.py:1038] ...", "INFO:..."),
+# and the profiler's ("USDT:...").
+TORCH_LOG_LINE = re.compile(r"^([IW]\d{4} \d\d:\d\d:\d\d|INFO:|USDT:)")
+
+
 def rank_errors(log_text):
-    """The ranks' tracebacks in a test's output, without torch's INFO lines."""
-    return "\n".join(line for line in log_text.splitlines() if not line.startswith("INFO:"))
+    """The ranks' tracebacks in a test's output, without torch's informational lines."""
+    return "\n".join(line for line in log_text.splitlines() if not TORCH_LOG_LINE.match(line))
 
 
 def skip_reason(reason, name, log_text):
@@ -144,10 +152,11 @@ def run_test(case_class, name, log):
     elif result.failures:
         text = result.failures[0][1]
         reason = failure_reason(text)
-        if "Expected zero exit code" in text:
+        exit_code = re.search(r"Expected exit code 0 but got (-?\d+)", text)
+        if exit_code:
             # A rank died outside torch's error reporting (in init_process_group,
             # say): what it raised is in its output.
-            reason = "a rank exited with %s: %s" % (text.split("Expected zero exit code but got ")[-1].split()[0],
+            reason = "a rank exited with %s: %s" % (exit_code.group(1),
                                                     failure_reason(rank_errors(log_text)) or "no exception in its output")
         record.update(outcome="fail", reason=reason, detail=text[-4000:])
     elif result.unexpectedSuccesses:
@@ -266,11 +275,27 @@ def read_allow_list(path):
     return allowed
 
 
+def torch_release(document):
+    """"2.15" of a run on torch "2.15.0+cu132"; None where the run did not record it."""
+    version = document.get("torch")
+    return ".".join(version.split("+")[0].split(".")[:2]) if version else None
+
+
 def compare_files(baseline_path, candidate_path, allow_path=None, counts_line=False):
     with open(baseline_path) as f:
         baseline = json.load(f)
     with open(candidate_path) as f:
         candidate = json.load(f)
+    releases = torch_release(baseline), torch_release(candidate)
+    if None not in releases and releases[0] != releases[1]:
+        # Each torch release has its own suite (tests added, removed, gated
+        # differently): the comparison would list differences of torch's.
+        print("torch_suite: %s was recorded on torch %s and %s ran on torch %s: record the baseline on torch %s "
+              "(docs/TESTING.md, torch's own suite)" % (baseline_path, releases[0], candidate_path, releases[1],
+                                                        releases[1]), file=sys.stderr)
+        if counts_line:
+            print("0 passed, 1 failed, 0 skipped")
+        return 1
     allowed = read_allow_list(allow_path) if allow_path else {}
     theirs = {r["name"]: r for r in candidate["tests"]}
     passing = [r["name"] for r in baseline["tests"] if r["outcome"] == "pass"]
@@ -283,6 +308,9 @@ def compare_files(baseline_path, candidate_path, allow_path=None, counts_line=Fa
             continue
         (excused if name in allowed else broken).append((name, r["outcome"], r["reason"]))
     stale = [name for name in allowed if name_outcome(candidate, name) == "pass"]
+    # A listed test that does not pass on the baseline (skipped there, or no
+    # longer in torch's suite) excuses nothing: the list is stale too.
+    unneeded = [name for name in allowed if name_outcome(baseline, name) != "pass"]
     gained = [r["name"] for r in candidate["tests"]
               if r["outcome"] == "pass" and name_outcome(baseline, r["name"]) != "pass"]
     print("%d of the %d tests that pass on %s pass on %s" % (len(passing) - len(broken) - len(excused), len(passing),
@@ -295,13 +323,17 @@ def compare_files(baseline_path, candidate_path, allow_path=None, counts_line=Fa
     if stale:
         print("\nallowed not to pass, but pass on %s (remove them from %s): %s"
               % (candidate["backend"], allow_path, ", ".join(stale)))
+    if unneeded:
+        print("\nallowed not to pass, but do not pass on %s either (remove them from %s): %s"
+              % (baseline["backend"], allow_path, ", ".join(
+                  "%s (%s)" % (name, name_outcome(baseline, name)) for name in unneeded)))
     if gained:
         print("\npass on %s but not on %s (%d): %s" % (candidate["backend"], baseline["backend"], len(gained),
                                                        ", ".join(gained)))
     if counts_line:  # what scripts/run_tests.py counts: the baseline's passing tests
         print("%d passed, %d failed, %d skipped" % (len(passing) - len(broken) - len(excused),
-                                                    len(broken) + len(stale), len(excused)))
-    return 1 if broken or stale else 0
+                                                    len(broken) + len(stale) + len(unneeded), len(excused)))
+    return 1 if broken or stale or unneeded else 0
 
 
 def name_outcome(document, name):
