@@ -33,8 +33,15 @@ class OpQueue {
   // for two ops at once. Set once: a lambda capturing the backend's `this`
   // fits std::function's inline storage, so nothing is allocated per op.
   using Execute = std::function<Status(const plugin::OpDesc&)>;
+  // Moves along what finished ops left in flight (UCX: a buffered send whose
+  // rendezvous needs this side's progress after its op returned); returns
+  // true while anything is left. Without it, such a send would wait for the
+  // rank's next op, and a rank that sends and then computes, sleeps or waits
+  // on another comm would leave its receiver to time out.
+  using Progress = std::function<bool()>;
 
-  explicit OpQueue(Execute execute) : execute_(std::move(execute)) {}
+  explicit OpQueue(Execute execute, Progress progress = {})
+      : execute_(std::move(execute)), progress_(std::move(progress)) {}
   ~OpQueue() { stop_and_join(); }
   OpQueue(const OpQueue&) = delete;
   OpQueue& operator=(const OpQueue&) = delete;
@@ -49,8 +56,18 @@ class OpQueue {
       return {};
     }
     drain();
+    // The worker may be moving a send along: one thread at a time in the
+    // transport. Nothing is in flight on the usual path: no lock there.
+    if (in_flight_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> turn(turn_);
+      return execute_(op);
+    }
     return execute_(op);
   }
+  // Called by execute (as its last step) when its op left something in
+  // flight: the worker then calls progress (with no op queued, at least
+  // every millisecond) until it returns false. Starts the worker if needed.
+  void progress_later();
 
   // Returns once every op submitted so far has completed. With none
   // outstanding it only reads an atomic (no lock): only the submitting
@@ -70,6 +87,12 @@ class OpQueue {
   void worker_loop();
 
   const Execute execute_;
+  const Progress progress_;
+  // Set by progress_later, cleared by the worker once progress has nothing
+  // left; while set, a blocking op takes turn_ (the worker holds it while it
+  // progresses), so the transport sees one thread at a time.
+  std::atomic<bool> in_flight_{false};
+  std::mutex turn_;
   std::mutex mu_;
   std::condition_variable queued_cv_;  // the worker waits for an op or stop_
   std::condition_variable drained_cv_;  // drain() waits for pending_ == 0

@@ -69,7 +69,8 @@ class UcxBackend : public plugin::Backend {
   bool finalized_ = false;
   // Runs ops in submission order (op_queue.h). Last: destroyed first,
   // while everything execute() uses still exists.
-  cpu_algorithms::OpQueue ops_{[this](const plugin::OpDesc& op) { return execute(op); }};
+  cpu_algorithms::OpQueue ops_{[this](const plugin::OpDesc& op) { return execute(op); },
+                               [this] { return transport_->progress_in_flight(); }};
 };
 
 Status UcxBackend::init() {
@@ -126,6 +127,9 @@ Status UcxBackend::execute(const plugin::OpDesc& op) {
   Status s;
   try {
     run(op);
+    // A send left in flight (send_buffered) needs this rank's progress to
+    // reach its receiver, whatever this rank does next.
+    if (transport_->has_in_flight()) ops_.progress_later();
     return {};
   } catch (const TransportError& e) {
     s = {code_of(e.kind()), e.what(), e.peer()};

@@ -333,14 +333,15 @@ void UcxTransport::reap() {
   }
 }
 
+bool UcxTransport::has_in_flight() const {
+  return std::any_of(in_flight_.begin(), in_flight_.end(), [](const InFlight& f) { return f.req; });
+}
+
 bool UcxTransport::progress_in_flight() {
-  auto pending = [&] {
-    return std::any_of(in_flight_.begin(), in_flight_.end(), [](const InFlight& f) { return f.req; });
-  };
-  if (!pending()) return false;
+  if (!has_in_flight()) return false;
   ucp_worker_progress(worker_);
   reap();
-  return pending();
+  return has_in_flight();
 }
 
 void UcxTransport::send_buffered(int peer, uint64_t tag, const void* data, size_t len, Clock::time_point deadline,

@@ -135,6 +135,8 @@ class UcxTransport final : public cpu_algorithms::Transport {
   // outside UCX calls this between its polls. Progresses the worker only
   // while some are left; true while some are.
   bool progress_in_flight();
+  // Whether a buffered send is still in flight (cheap: no UCX call).
+  bool has_in_flight() const;
 
   // What describe() and comms-info show: the devices the context opened
   // and the transports an endpoint to a peer selected.

@@ -264,14 +264,6 @@ def send_recv_isend_irecv_batch(rank, size):
     expect_tensor(got_r, ref(block(right, rank, 5)), "batch_isend_irecv from the right")
 
 
-def p2p_elements():
-    """float32 elements per send of the p2p checks: 4 MiB, past every eager
-    threshold. On cpu:ucx inside a torch process, receives over 64 KiB are
-    lost (an open bug, docs/TORCH.md: outside torch the same sends arrive),
-    so that backend is checked at 64 KiB until it is fixed."""
-    return 1 << 14 if json.loads(comms.torch.describe())["backend"] == "cpu:ucx" else 1 << 20
-
-
 @check
 def isend_and_irecv_that_cross_both_complete(rank, size):
     """Partners (0-1, 2-3) each post an isend and then an irecv to the other
@@ -280,7 +272,7 @@ def isend_and_irecv_that_cross_both_complete(rank, size):
     partner = rank ^ 1
     if partner >= size:
         return
-    n = p2p_elements()
+    n = 1 << 20  # 4 MiB: past every eager threshold
     got = torch.zeros(n)
     mine = torch.arange(n, dtype=torch.float32) + rank * n
     reqs = [dist.isend(mine, dst=partner), dist.irecv(got, src=partner)]
@@ -300,7 +292,7 @@ def a_send_completes_while_its_sender_sleeps(rank, size):
     partner = rank ^ 1
     stamps = torch.zeros(size, dtype=torch.float64)  # rank r's moment at r
     if partner < size:
-        t = torch.full((p2p_elements(),), float(rank))
+        t = torch.full((1 << 20,), float(rank))
         if rank % 2 == 0:
             work = dist.isend(t, dst=partner, tag=7)
             time.sleep(1.5)

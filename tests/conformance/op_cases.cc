@@ -2,7 +2,9 @@
 // case; inside a case, every count, every root, and sync / async / several
 // async ops in flight.
 #include <algorithm>
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "harness.h"
 
@@ -451,6 +453,38 @@ void run_send_recv(CaseContext& cx, DataType t, const std::vector<size_t>& count
   }
 }
 
+// A send reaches its receiver while the sender does nothing more with the
+// comm (it computes, sleeps or waits on another comm): a backend that leaves
+// a large send in flight after the call returned must move it along by
+// itself. The receive's timeout ends well inside the sender's pause.
+void run_send_from_an_idle_sender(CaseContext& cx) {
+  const int rank = cx.comm.rank();
+  const int partner = rank ^ 1;
+  if (partner >= cx.comm.size()) return;
+  constexpr size_t kCount = 256 * 1024;  // 1 MiB of float32: past every eager limit
+  constexpr auto kPause = std::chrono::milliseconds(1500);
+  const DataType t = DataType::kFloat32;
+  Where w = at("send_from_an_idle_sender", t, "");
+  w.count = kCount;
+  w.mode = "sync";
+  Buf out(cx.memory, t, kCount), in(cx.memory, t, kCount);
+  for (size_t i = 0; i < kCount; ++i) out.set(i, data_value(t, rank, i));
+  OpOptions o = op_options(cx.memory);
+  try {
+    if (rank % 2 == 0) {
+      cx.comm.send(out.view(), partner, o);
+      std::this_thread::sleep_for(kPause);
+    } else {
+      o.timeout = kPause * 2 / 3;
+      cx.comm.recv(in.view(), partner, o);
+      w.what = "received from group rank " + std::to_string(partner) + " while it was idle";
+      cx.check.values(in, 0, kCount, w, [&](size_t i) { return data_value(t, partner, i); });
+    }
+  } catch (const Error& e) {
+    fail_with(cx.check, w, e);
+  }
+}
+
 // --- case enumeration -------------------------------------------------------
 
 std::string placement_name(bool in_place) { return in_place ? "in-place" : "out-of-place"; }
@@ -594,6 +628,15 @@ void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptio
         return std::make_unique<BatchP2PTrial>(cx.memory, t, cx.comm.rank(), cx.comm.size(), n, salt);
       });
     });
+  }
+  if (world) {  // a property of the backend, not of rank mapping: once per suite
+    const bool pairs = !group.group_sizes.empty() &&
+                       *std::max_element(group.group_sizes.begin(), group.group_sizes.end()) >= 2;
+    adder.add("send_from_an_idle_sender", "float32", pairs ? "" : "p2p needs a group of 2 or more ranks",
+              [=](CaseContext& cx) {
+                if (cx.comm.size() < 2) return;
+                run_send_from_an_idle_sender(cx);
+              });
   }
   adder.add("barrier", "none", "", [=](CaseContext& cx) {
     Plan plan = plan_for(cx.comm, false);
