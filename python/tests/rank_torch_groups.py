@@ -5,6 +5,7 @@ Run by test_torch.py under commsrun at 4 ranks. Writes {check: "ok" | error}
 to OUT_DIR/rank<R>.json."""
 import datetime
 import json
+import os
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,18 @@ def raises(fn, words, what):
                 raise AssertionError("%s: the error does not say %r: %s" % (what, w, e))
         return e
     raise AssertionError("%s did not raise" % what)
+
+
+@check
+def the_world_binds_eagerly_exactly_when_asked(rank, size):
+    # First check: no op has run yet. device_id= (or COMMS_ROUTE=split, which
+    # binds the world) connects before init_process_group returns; otherwise
+    # the backend connects on the first op.
+    bound = bool(os.environ.get("TORCH_DEVICE_ID")) or os.environ.get("COMMS_ROUTE") == "split"
+    state = comms.torch._backend_of(dist.group.WORLD).backend_state("cpu")
+    expect(state, "ready" if bound else "lazy", "the world's cpu backend right after init_process_group")
+    expect(str(dist.group.WORLD.bound_device_id) if bound else None,
+           "cpu:0" if bound else None, "the world's bound device")
 
 
 @check

@@ -8,6 +8,7 @@ import os
 import sys
 import traceback
 
+import torch
 import torch.distributed as dist
 
 import comms.torch  # noqa: F401  (registers "comms")
@@ -22,9 +23,13 @@ def run(checks, extra=None):
     """Runs every check (with a barrier after each, so a failed one cannot
     leave ranks in different ops); `extra(results)` adds entries at the end."""
     out_dir = sys.argv[1]
+    # TORCH_DEVICE_ID (e.g. cpu:0): init_process_group(device_id=...), which
+    # binds the world eagerly and makes torch split every new_group from it.
+    device_id = os.environ.get("TORCH_DEVICE_ID")
     dist.init_process_group("comms", init_method="file://" + os.path.join(out_dir, "store"),
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                            timeout=datetime.timedelta(seconds=60))
+                            timeout=datetime.timedelta(seconds=60),
+                            device_id=torch.device(device_id) if device_id else None)
     rank, size = dist.get_rank(), dist.get_world_size()
     results = {}
     for fn in checks:
