@@ -30,8 +30,10 @@ import sysconfig
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PKG_SOURCES = ["module.cc", "buffers.cc", "comm_bindings.cc", "dist_bindings.cc"]
-TORCH_SOURCES = ["module.cc", "process_group.cc", "tensors.cc", "work.cc"]
+# Every source of each extension (what python/comms/meson.build and
+# python/comms/torch/meson.build compile): a glob cannot go stale.
+PKG_SOURCES = sorted(os.path.basename(f) for f in glob.glob(os.path.join(ROOT, "python", "comms", "*.cc")))
+TORCH_SOURCES = sorted(os.path.basename(f) for f in glob.glob(os.path.join(ROOT, "python", "comms", "torch", "*.cc")))
 
 
 def torch_paths(fn, cuda):

@@ -67,6 +67,17 @@ void give_up_buffers(Keepalive keep) {
 
 bool wait_interruptible(const comms::Work& work) {
   using std::chrono::steady_clock;
+  {
+    py::gil_scoped_release nogil;
+    // A small op ends microseconds after it was issued, and a sleep costs at
+    // least the timer slack (50 us by default): poll first, yielding the core
+    // (to the worker that runs the op, when ranks outnumber cores).
+    const auto yield_end = steady_clock::now() + std::chrono::microseconds(100);
+    while (!work.is_completed()) {
+      if (steady_clock::now() >= yield_end) break;
+      std::this_thread::yield();
+    }
+  }
   auto pause = std::chrono::microseconds(10);
   while (true) {
     bool done = false;

@@ -177,7 +177,7 @@ std::string Claims::unclaimed(const std::string& case_name) const {
   }
   if (parts.size() < 2) return "";
   const std::string& op = parts[1];
-  if (op == "send_recv") {
+  if (op == "send_recv" || op == "send_from_an_idle_sender") {
     for (const char* o : {"send", "recv"}) {
       if (!claims_op(o)) return not_claimed(o);
     }

@@ -27,7 +27,8 @@ comms::ReduceOp reduce_op_of(const c10d::ReduceOp& op, const at::Tensor& t, cons
     case c10d::ReduceOp::SUM: return comms::ReduceOp::sum();
     case c10d::ReduceOp::AVG: return comms::ReduceOp::avg();
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      // torch 2.15 renamed it PreMulSumSupplement; the old name stays an alias.
+      auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       if (s == nullptr) fail(call, "PREMUL_SUM without its factor");
       const double f = s->tensor_factor.defined() ? s->tensor_factor.item<double>() : s->double_factor;
       return comms::ReduceOp::premul_sum(f);
@@ -55,6 +56,17 @@ comms::Work issue(F&& f) {
   } catch (const comms::Error& e) {
     if (e.code() == comms::ErrorCode::kInvalidArgument) throw std::invalid_argument(e.what());
     throw;
+  }
+}
+
+// Whether torch will wait for the op's work before anything else (torch sets
+// asyncOp from async_op; a torch without the field: always asynchronous).
+template <class Options>
+bool async_of(const Options& opts) {
+  if constexpr (requires { opts.asyncOp; }) {
+    return opts.asyncOp;
+  } else {
+    return true;
   }
 }
 
@@ -226,9 +238,12 @@ void ProcessGroupComms::setTimeout(std::chrono::milliseconds timeout) {
   channels_->set_timeout(timeout);
 }
 
-comms::OpOptions ProcessGroupComms::op_options(Ms timeout, const Tensors& tensors) {
+comms::OpOptions ProcessGroupComms::op_options(Ms timeout, const Tensors& tensors, bool async) {
   comms::OpOptions o;
-  o.async = true;
+  // A CPU op torch will wait for at once (asyncOp false: the call was not
+  // async_op=True) runs on this thread, without the hop to the backend's
+  // worker. CUDA ops stay asynchronous: they are ordered on streams.
+  o.async = async || (!tensors.empty() && tensors[0].is_cuda());
   if (timeout != c10d::kUnsetTimeout) o.timeout = timeout;
 #ifdef COMMS_TORCH_CUDA
   // Ordered after the work already queued on torch's current stream; tensors
@@ -260,7 +275,8 @@ WorkPtr ProcessGroupComms::broadcast(Tensors& tensors, const c10d::BroadcastOpti
   const auto& t = single(tensors, call, "tensor");
   check_root(opts.rootRank, getSize(), call);
   const auto v = view_of(t, Use::kMove, call, "tensor");
-  auto w = issue([&] { return c.broadcast(v, static_cast<int>(opts.rootRank), op_options(opts.timeout, tensors)); });
+  const auto o = op_options(opts.timeout, tensors, async_of(opts));
+  auto w = issue([&] { return c.broadcast(v, static_cast<int>(opts.rootRank), o); });
   return track(std::move(w), tensors, tensors, c10d::OpType::BROADCAST);
 }
 
@@ -270,7 +286,7 @@ WorkPtr ProcessGroupComms::allreduce(Tensors& tensors, const c10d::AllreduceOpti
   const auto& t = single(tensors, call, "tensor");
   const auto v = view_of(t, Use::kReduce, call, "tensor");
   const auto op = reduce_op_of(opts.reduceOp, t, call);
-  auto w = issue([&] { return c.all_reduce(v, op, op_options(opts.timeout, tensors)); });
+  auto w = issue([&] { return c.all_reduce(v, op, op_options(opts.timeout, tensors, async_of(opts))); });
   return track(std::move(w), tensors, tensors, c10d::OpType::ALLREDUCE);
 }
 
@@ -285,7 +301,7 @@ WorkPtr ProcessGroupComms::allreduce_coalesced(Tensors& tensors, const c10d::All
   at::Tensor flat = at::cat(c10::fmap(tensors, [](const at::Tensor& t) { return t.reshape(-1); }));
   const auto op = reduce_op_of(opts.reduceOp, flat, call);
   const auto v = view_of(flat, Use::kReduce, call, "tensors");
-  auto w = issue([&] { return c.all_reduce(v, op, op_options(opts.timeout, {flat})); });
+  auto w = issue([&] { return c.all_reduce(v, op, op_options(opts.timeout, {flat}, async_of(opts))); });
   Tensors keep = tensors;
   keep.push_back(flat);
   auto work = track(std::move(w), std::move(keep), tensors, c10d::OpType::ALLREDUCE_COALESCED);
@@ -306,7 +322,8 @@ WorkPtr ProcessGroupComms::reduce(Tensors& tensors, const c10d::ReduceOptions& o
   check_root(opts.rootRank, getSize(), call);
   const auto v = view_of(t, Use::kReduce, call, "tensor");
   const auto op = reduce_op_of(opts.reduceOp, t, call);
-  auto w = issue([&] { return c.reduce(v, static_cast<int>(opts.rootRank), op, op_options(opts.timeout, tensors)); });
+  const auto o = op_options(opts.timeout, tensors, async_of(opts));
+  auto w = issue([&] { return c.reduce(v, static_cast<int>(opts.rootRank), op, o); });
   return track(std::move(w), tensors, tensors, c10d::OpType::REDUCE);
 }
 
@@ -322,7 +339,8 @@ WorkPtr ProcessGroupComms::allgather(std::vector<Tensors>& outputs, Tensors& inp
   for (const auto& o : outs) vout.push_back(view_of(o, Use::kMove, call, "output"));
   Tensors keep = outs;
   keep.push_back(in);
-  auto w = issue([&] { return c.all_gather(vin, std::span<const comms::BufferView>(vout), op_options(opts.timeout, keep)); });
+  const auto o = op_options(opts.timeout, keep, async_of(opts));
+  auto w = issue([&] { return c.all_gather(vin, std::span<const comms::BufferView>(vout), o); });
   return track(std::move(w), std::move(keep), outs, c10d::OpType::ALLGATHER);
 }
 
@@ -333,7 +351,7 @@ WorkPtr ProcessGroupComms::_allgather_base(at::Tensor& output, at::Tensor& input
   const auto vin = view_of(input, Use::kMove, call, "input");
   const auto vout = view_of(output, Use::kMove, call, "output");
   Tensors keep{output, input};
-  auto w = issue([&] { return c.all_gather(vin, vout, op_options(opts.timeout, keep)); });
+  auto w = issue([&] { return c.all_gather(vin, vout, op_options(opts.timeout, keep, async_of(opts))); });
   return track(std::move(w), std::move(keep), {output}, c10d::OpType::_ALLGATHER_BASE);
 }
 
@@ -370,7 +388,7 @@ WorkPtr ProcessGroupComms::allgather_coalesced(std::vector<Tensors>& outputs, Te
   Tensors keep{in_flat, out_flat};
   const auto vin = view_of(in_flat, Use::kMove, call, "input_tensor_list");
   const auto vout = view_of(out_flat, Use::kMove, call, "output_tensor_lists");
-  auto w = issue([&] { return c.all_gather(vin, vout, op_options(opts.timeout, keep)); });
+  auto w = issue([&] { return c.all_gather(vin, vout, op_options(opts.timeout, keep, async_of(opts))); });
   Tensors outs;
   for (const auto& list : outputs) outs.insert(outs.end(), list.begin(), list.end());
   auto work = track(std::move(w), keep, outs, c10d::OpType::ALLGATHER_COALESCED);
@@ -402,7 +420,7 @@ WorkPtr ProcessGroupComms::gather(std::vector<Tensors>& outputs, Tensors& inputs
   auto vout = view_of(staging, Use::kMove, call, "gather_list");
   Tensors keep{in, staging};
   auto w = issue([&] {
-    return c.gather(vin, vout, static_cast<int>(opts.rootRank), op_options(opts.timeout, keep));
+    return c.gather(vin, vout, static_cast<int>(opts.rootRank), op_options(opts.timeout, keep, async_of(opts)));
   });
   auto work = track(std::move(w), keep, outs, c10d::OpType::GATHER);
   if (is_root) {
@@ -433,7 +451,7 @@ WorkPtr ProcessGroupComms::scatter(Tensors& outputs, std::vector<Tensors>& input
   const auto vin = view_of(staging, Use::kMove, call, "scatter_list");
   Tensors keep{out, staging};
   auto w = issue([&] {
-    return c.scatter(vin, vout, static_cast<int>(opts.rootRank), op_options(opts.timeout, keep));
+    return c.scatter(vin, vout, static_cast<int>(opts.rootRank), op_options(opts.timeout, keep, async_of(opts)));
   });
   return track(std::move(w), std::move(keep), outputs, c10d::OpType::SCATTER);
 }
@@ -450,7 +468,8 @@ WorkPtr ProcessGroupComms::reduce_scatter(Tensors& outputs, std::vector<Tensors>
   at::Tensor staging = at::cat(c10::fmap(ins, [](const at::Tensor& t) { return t.reshape(-1); }));
   const auto vin = view_of(staging, Use::kReduce, call, "input_list");
   Tensors keep{out, staging};
-  auto w = issue([&] { return c.reduce_scatter(vin, vout, op, op_options(opts.timeout, keep)); });
+  const auto o = op_options(opts.timeout, keep, async_of(opts));
+  auto w = issue([&] { return c.reduce_scatter(vin, vout, op, o); });
   return track(std::move(w), std::move(keep), outputs, c10d::OpType::REDUCE_SCATTER);
 }
 
@@ -463,7 +482,8 @@ WorkPtr ProcessGroupComms::_reduce_scatter_base(at::Tensor& output, at::Tensor& 
   const auto vout = view_of(output, Use::kReduce, call, "output");
   const auto op = reduce_op_of(opts.reduceOp, output, call);
   Tensors keep{output, input};
-  auto w = issue([&] { return c.reduce_scatter(vin, vout, op, op_options(opts.timeout, keep)); });
+  const auto o = op_options(opts.timeout, keep, async_of(opts));
+  auto w = issue([&] { return c.reduce_scatter(vin, vout, op, o); });
   return track(std::move(w), std::move(keep), {output}, c10d::OpType::_REDUCE_SCATTER_BASE);
 }
 
@@ -479,9 +499,9 @@ WorkPtr ProcessGroupComms::alltoall_base(at::Tensor& output, at::Tensor& input, 
   Tensors keep{output, input};
   auto w = issue([&] {
     if (input_splits.empty() && output_splits.empty() && vin.count == vout.count) {
-      return c.all_to_all(vin, vout, op_options(opts.timeout, keep));
+      return c.all_to_all(vin, vout, op_options(opts.timeout, keep, async_of(opts)));
     }
-    return c.all_to_all_v(vin, in_counts, vout, out_counts, op_options(opts.timeout, keep));
+    return c.all_to_all_v(vin, in_counts, vout, out_counts, op_options(opts.timeout, keep, async_of(opts)));
   });
   return track(std::move(w), std::move(keep), {output}, c10d::OpType::ALLTOALL_BASE);
 }
@@ -508,7 +528,8 @@ WorkPtr ProcessGroupComms::alltoall(Tensors& outputs, Tensors& inputs, const c10
   const auto vin = view_of(in_flat, Use::kMove, call, "input");
   const auto vout = view_of(out_flat, Use::kMove, call, "output");
   Tensors keep{in_flat, out_flat};
-  auto w = issue([&] { return c.all_to_all_v(vin, in_counts, vout, out_counts, op_options(opts.timeout, keep)); });
+  const auto o = op_options(opts.timeout, keep, async_of(opts));
+  auto w = issue([&] { return c.all_to_all_v(vin, in_counts, vout, out_counts, o); });
   auto work = track(std::move(w), keep, outputs, c10d::OpType::ALLTOALL);
   static_cast<CommsWork*>(work.get())->set_finish([out_flat, outputs]() mutable {
     int64_t offset = 0;
@@ -558,7 +579,7 @@ WorkPtr ProcessGroupComms::recvAnysource(Tensors&, int) {
 
 WorkPtr ProcessGroupComms::barrier(const c10d::BarrierOptions& opts) {
   auto& c = live("barrier");
-  auto w = issue([&] { return c.barrier(op_options(opts.timeout, {})); });
+  auto w = issue([&] { return c.barrier(op_options(opts.timeout, {}, async_of(opts))); });
   return track(std::move(w), {}, {}, c10d::OpType::BARRIER);
 }
 

@@ -206,7 +206,8 @@ class ProcessGroupComms final : public c10d::Backend {
 
  private:
   friend class P2PChannels;
-  comms::OpOptions op_options(std::chrono::milliseconds timeout, const std::vector<at::Tensor>& tensors);
+  comms::OpOptions op_options(std::chrono::milliseconds timeout, const std::vector<at::Tensor>& tensors,
+                              bool async = true);
   c10::intrusive_ptr<c10d::Work> track(comms::Work work, std::vector<at::Tensor> keep,
                                        std::vector<at::Tensor> outputs, c10d::OpType type);
   c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor>& tensors, int peer, int tag, bool is_send);
