@@ -4,7 +4,7 @@
 comms' own Python binding on the same buffer, in one run, alternating
 (docs/BENCHMARKS.md#torch-level). Started by commsrun on 2 ranks:
 
-  PYTHONPATH=build/python build/tools/commsrun -n 2 -- /usr/bin/python3 scripts/torch_bench.py [--json OUT]
+  PYTHONPATH=build/python build/tools/commsrun -n 2 -- tools/dev python scripts/torch_bench.py [--json OUT]
 
 (`tools/dev torch-bench` does this.) Rows: "torch gloo" always; "torch comms"
 when comms.torch imports; "comms direct" (comms.new_comm) when the comms
