@@ -61,6 +61,20 @@ def test_import_registers_the_backend_once():
     assert proc.stdout.split() == ["comms", "True"]
 
 
+def test_a_fresh_interpreter_finds_the_backend_through_its_entry_point(tmp_path):
+    # No import of comms: torch loads the registrar named by the entry-point
+    # group torch.distributed.backends (build/python/comms.dist-info).
+    code = ("import sys, torch, torch.distributed as d; "
+            "d.init_process_group('comms', init_method='file://%s', rank=0, world_size=1); "
+            "t = torch.full((3,), 2.0); d.all_reduce(t); "
+            "print(d.get_backend(), 'comms.torch' in sys.modules, t.tolist()); d.destroy_process_group()"
+            % (tmp_path / "store"))
+    proc = subprocess.run([PYTHON, "-c", code], env=job_env(COMMS_BACKEND="cpu:gloo"), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[0] == "comms True [2.0, 2.0, 2.0]", proc.stdout
+
+
 def test_ddp_over_comms_ends_with_gloos_parameters(tmp_path):
     example = os.path.join(SOURCE_ROOT, "examples", "torch_trainer.py")
     finals = {}
