@@ -210,17 +210,28 @@ Status NcclBackend::split(const plugin::SplitDesc& desc, std::unique_ptr<plugin:
   const milliseconds timeout = child_init.init_timeout;
 
   ncclComm_t child_comm = nullptr;
+  bool parent_lazy = false;
   {
     std::lock_guard lock(core_->mu);
     if (Status f = core_->failure_locked(); !f.is_ok()) {
       return {ErrorCode::kAborted, "split: the NCCL communicator failed earlier: " + f.message};
     }
-    if (!core_->initialized_locked()) {
-      return {ErrorCode::kInvalidArgument,
-              "split needs the parent's NCCL communicator, which is created lazily and does "
-              "not exist yet: create the parent comm with a device (e.g. device cuda:N, "
-              "eager binding) before splitting it"};
-    }
+    parent_lazy = !core_->initialized_locked();
+  }
+  if (parent_lazy) {
+    // A lazy parent has no communicator to split (no CUDA op has run): the
+    // child makes its own among its members (ncclCommInitRank under its own
+    // store prefix, on its first op or now if it is bound), as a comm
+    // created for those ranks would. Non-members have nothing to do.
+    if (!member) return {};
+    auto lazy_child = std::make_unique<NcclBackend>(
+        std::make_shared<Core>(core_->api_ptr(), child_init, merged, translated), options_);
+    if (Status s = lazy_child->init(); !s.is_ok()) return s;
+    *child = std::move(lazy_child);
+    return {};
+  }
+  {
+    std::lock_guard lock(core_->mu);
     if (Status s = core_->split_locked(color, key, translated.config, child_init.comm_name,
                                        timeout, &child_comm);
         !s.is_ok()) {

@@ -190,10 +190,11 @@ def torch_timeouts_reach_the_comm(rank, size):
 def split_group_gives_each_rank_its_part(rank, size):
     halves = [list(range(0, size // 2)), list(range(size // 2, size))] if size > 1 else [[0]]
     mine = next(h for h in halves if rank in h)
-    # A lazy NCCL backend cannot be split (it has no communicator yet): such
-    # a job splits the cpu backend alone.
-    cpu_only = {"backend": "cpu:gloo"} if has_lazy_nccl() else {}
-    g = dist.split_group(split_ranks=halves, pg_options=comms.torch.Options(timeout=11, **cpu_only))
+    # A lazy NCCL backend splits into a lazy child (its communicator comes
+    # with its first CUDA op), so the whole group splits.
+    g = dist.split_group(split_ranks=halves, pg_options=comms.torch.Options(timeout=11))
+    if has_lazy_nccl():
+        expect(comms.torch._backend_of(g).backend_state("cuda"), "lazy", "split_group's NCCL backend")
     expect(dist.get_world_size(g), len(mine), "split_group size")
     expect(dist.get_rank(g), mine.index(rank), "split_group rank")
     expect(summed([rank + 1], g), [sum(r + 1 for r in mine)], "all_reduce on my half")

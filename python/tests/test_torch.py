@@ -44,8 +44,9 @@ def test_every_call_by_value(tmp_path_factory, backend, n, check):
 @pytest.mark.parametrize("route", ["direct", "split", "device_id"])
 def test_groups_options_lifecycle(tmp_path_factory, route, check):
     out = tmp_path_factory.mktemp("groups")
-    # A lazy cuda:nccl shows its configuration without a device; a split needs a
-    # bound parent, which only cpu:gloo can be here. device_id: the direct route
+    # A lazy cuda:nccl shows its configuration without a device (the Megatron
+    # tests run it on every route); a split needs a bound parent, and the
+    # split routes bind the world's cpu backend. device_id: the direct route
     # with init_process_group(device_id=cpu:0), where torch itself splits.
     backend = "cpu:gloo,cuda:nccl" if route == "direct" else "cpu:gloo"
     env = dict(COMMS_ROUTE="direct", TORCH_DEVICE_ID="cpu:0") if route == "device_id" else dict(COMMS_ROUTE=route)
