@@ -45,3 +45,12 @@ int next_incarnation(const std::string& ns) {
 }
 
 }  // namespace comms::internal
+
+namespace comms {
+
+std::vector<std::string> live_comm_names() {
+  std::lock_guard<std::mutex> lock(internal::registry_mu());
+  return {internal::live_names().begin(), internal::live_names().end()};
+}
+
+}  // namespace comms

@@ -180,4 +180,9 @@ class COMMS_API Comm {
 COMMS_API std::shared_ptr<Comm> new_comm(const std::string& backend, std::optional<Device> device,
                                const std::string& name, const CommOptions& options = {});
 
+// The names of this process's comms that are not finalized yet, sorted: what a
+// leak check counts (a comm dropped without finalize stays here until its last
+// reference goes).
+COMMS_API std::vector<std::string> live_comm_names();
+
 }  // namespace comms

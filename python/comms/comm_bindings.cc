@@ -360,6 +360,8 @@ void bind_comm(py::module_& m) {
         py::arg("hints") = comms::Hints{}, py::arg("rank") = py::none(), py::arg("world_size") = py::none(),
         py::arg("abort_process_on_error") = false, py::arg("elastic") = py::none(),
         "Creates a communicator (collective). backend '' = COMMS_BACKEND or the default map.");
+  m.def("live_comm_names", &comms::live_comm_names,
+        "The names of this process's comms not finalized yet, sorted (what a leak check counts).");
 }
 
 }  // namespace comms_py

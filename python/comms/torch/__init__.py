@@ -11,7 +11,9 @@ through torch's public backend hooks (register_backend, Backend.split,
 shrink, shutdown, abort); nothing of torch is patched.
 """
 import datetime
+import gc
 import os
+import sys
 
 import torch  # noqa: F401  (torch's C++ classes must exist before _C loads)
 import torch.distributed as _dist
@@ -136,11 +138,11 @@ class Options(_C._CommsOptions):
 
 
 def _from_nccl_options(pg_options):
-    """torch's ProcessGroupNCCL.Options, translated as comms.dist translates Megatron's."""
+    """torch's ProcessGroupNCCL.Options, translated as comms.dist translates
+    Megatron's. Its _timeout is not taken: torch's NCCL backend overrides it
+    with the group's timeout, and so does comms (Megatron's
+    distributed_timeout_minutes reaches the groups it gives options)."""
     options = Options(is_high_priority_stream=bool(pg_options.is_high_priority_stream))
-    timeout = getattr(pg_options, "_timeout", None)
-    if timeout is not None and timeout != _c10d.default_pg_timeout:
-        options.timeout = timeout
     config = getattr(pg_options, "config", None)
     for key, kind in _NCCL_FIELDS.items():
         value = getattr(config, key, None) if config is not None else None
@@ -254,6 +256,61 @@ def reload_groups(device_types=("cuda",)):
     return sum(1 for b in _live_groups() for t in device_types if b.reload(t))
 
 
+def _torch_registry():
+    """The containers of torch.distributed's own bookkeeping (its private
+    module globals and _World's state, one level of nesting): what holds
+    every group whether or not the program still uses it."""
+    found = []
+    state = [v for k, v in vars(_c10d).items() if k.startswith("_")] + list(vars(_c10d._world).values())
+    for value in state:
+        if isinstance(value, (dict, list)):
+            found.append(value)
+            if isinstance(value, dict):
+                found += [v for v in value.values() if isinstance(v, (dict, list))]
+    return found
+
+
+def _registry_holds(pg, registry):
+    count = 0
+    for container in registry:
+        if isinstance(container, dict):
+            count += sum(1 for k in container if k is pg) + sum(1 for v in container.values() if v is pg)
+        else:
+            count += sum(1 for v in container if v is pg)
+    return count
+
+
+def _references(obj):
+    return sys.getrefcount(obj)
+
+
+def destroy_unreferenced_groups():
+    """Destroys every comms group that nothing but torch's own bookkeeping
+    holds: what Megatron's destroy_model_parallel() leaves behind when it sets
+    its globals to None (torch keeps each group, and its comm, until
+    destroy_process_group). A group the program still holds anywhere (a
+    variable, an attribute, a list) is kept, as is the world. Call it on every
+    rank at the same point, like destroy_process_group: the groups go in
+    creation order, the same on every rank. Returns how many it destroyed; a
+    comm that fails to release raises comms.Error."""
+    gc.collect()  # groups held only by cycles are unreferenced too
+    world = _c10d._get_default_group() if _dist.is_initialized() else None
+    candidates = [pg for pg in list(_c10d._pg_map) if pg is not world and _backend_of(pg) is not None]
+    if not candidates:
+        return 0
+    registry = _torch_registry()
+    # References this function itself holds, measured on an object held the
+    # same way (in a list, through a loop variable): refcounts differ across
+    # Python releases, the difference to a probe does not.
+    probes = [object()]
+    own = [_references(probe) for probe in probes][0]
+    unreferenced = [pg for pg in candidates if _references(pg) - own - _registry_holds(pg, registry) <= 0]
+    del candidates
+    for pg in unreferenced:
+        _dist.destroy_process_group(pg)
+    return len(unreferenced)
+
+
 def can_register_tensors(device_type="cuda", group=None):
     """Whether the group's comm backend for `device_type` can register memory
     (NCCL can; Gloo and UCX cannot)."""
@@ -288,5 +345,5 @@ def register_backend():
 
 register_backend()
 
-__all__ = ["Options", "ProcessGroupComms", "can_register_tensors", "describe", "offload_groups", "register_backend",
-           "register_tensor", "reload_groups"]
+__all__ = ["Options", "ProcessGroupComms", "can_register_tensors", "describe", "destroy_unreferenced_groups",
+           "offload_groups", "register_backend", "register_tensor", "reload_groups"]
