@@ -185,7 +185,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   BackendState state(DeviceType t) const;
   bool is_failed() const;
 
-  // ---- registered buffers (registration.cc; issue 27) ----
+  // ---- registered buffers (registration.cc) ----
   bool can_register(DeviceType t) const;
   std::shared_ptr<detail::Registration> register_buffer(BufferView buffer);
   // Deregisters unless the backend that registered it is gone.

@@ -85,7 +85,7 @@
 // 2.0: the first growable ABI (1 had no struct_size and no minor).
 // 2.1: PluginDescriptor::capabilities.
 // 2.2: registered buffers (Backend::register_buffer/deregister_buffer,
-//      PluginDescriptor::features, mem_alloc, mem_free; issue 27).
+//      PluginDescriptor::features, mem_alloc, mem_free).
 // 2.3: Backend::shrink (elastic recovery; see the block marked ABI 2.3 below).
 // 2.4: Backend::revoke (elastic recovery; see the block marked ABI 2.4 below).
 #define COMMS_PLUGIN_ABI_MAJOR 2u
