@@ -60,7 +60,7 @@ comms_plugin_entry() {
       .name = "nccl",
       .version = linked_version().c_str(),
       .device_types = comms::plugin::device_bit(comms::DeviceType::kCuda),
-      .hint_keys = comms::nccl::kHintKeys,
+      .hint_keys = comms::nccl::kHintKeys.data(),
       .create = create,
       .device_count = cuda_device_count,
       .explain_hints = explain,
