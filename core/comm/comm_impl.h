@@ -28,7 +28,7 @@
 
 namespace comms {
 
-namespace detail {
+namespace internal {
 
 // What an outstanding async op needs to report its result with context.
 class WorkState {
@@ -64,7 +64,7 @@ inline bool is_fatal(ErrorCode code) {
          code == ErrorCode::kAborted || code == ErrorCode::kInternal || code == ErrorCode::kRevoked;
 }
 
-}  // namespace detail
+}  // namespace internal
 
 class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
  public:
@@ -187,10 +187,10 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
 
   // ---- registered buffers (registration.cc) ----
   bool can_register(DeviceType t) const;
-  std::shared_ptr<detail::Registration> register_buffer(BufferView buffer);
+  std::shared_ptr<internal::Registration> register_buffer(BufferView buffer);
   // Deregisters unless the backend that registered it is gone.
-  void deregister_buffer(detail::Registration& r);
-  bool registration_live(const detail::Registration& r) const;
+  void deregister_buffer(internal::Registration& r);
+  bool registration_live(const internal::Registration& r) const;
   const internal::LoadedPlugin& plugin_serving(DeviceType t, std::string_view op) const;
   // ---- end of registered buffers ----
 

@@ -8,7 +8,7 @@
 
 namespace comms {
 
-namespace detail {
+namespace internal {
 
 struct Registration {
   std::weak_ptr<Comm::Impl> comm;
@@ -19,7 +19,7 @@ struct Registration {
   bool released = false;  // deregistered by the caller
 };
 
-}  // namespace detail
+}  // namespace internal
 
 namespace {
 
@@ -44,7 +44,7 @@ bool Comm::Impl::can_register(DeviceType t) const {
   return s.plugin && plugin_can_register(*s.plugin);
 }
 
-std::shared_ptr<detail::Registration> Comm::Impl::register_buffer(BufferView buffer) {
+std::shared_ptr<internal::Registration> Comm::Impl::register_buffer(BufferView buffer) {
   const DeviceType t = buffer.device.type;
   const internal::LoadedPlugin& p = plugin_serving(t, "register_buffer");
   if (!plugin_can_register(p)) {
@@ -65,7 +65,7 @@ std::shared_ptr<detail::Registration> Comm::Impl::register_buffer(BufferView buf
                          to_string(t), ", or create the comm with that device)"),
                 "register_buffer");
   }
-  auto r = std::make_shared<detail::Registration>();
+  auto r = std::make_shared<internal::Registration>();
   r->comm = weak_from_this();
   r->buffer = buffer;
   r->backend = s.backend.get();
@@ -75,13 +75,13 @@ std::shared_ptr<detail::Registration> Comm::Impl::register_buffer(BufferView buf
   return r;
 }
 
-bool Comm::Impl::registration_live(const detail::Registration& r) const {
+bool Comm::Impl::registration_live(const internal::Registration& r) const {
   const Slot& s = slot(r.buffer.device.type);
   return !r.released && s.backend.get() == r.backend && s.generation == r.generation &&
          s.state.load() == BackendState::kReady;
 }
 
-void Comm::Impl::deregister_buffer(detail::Registration& r) {
+void Comm::Impl::deregister_buffer(internal::Registration& r) {
   std::lock_guard<std::mutex> lock(state_mu_);
   if (!registration_live(r)) {
     r.released = true;  // gone with its backend
@@ -94,7 +94,7 @@ void Comm::Impl::deregister_buffer(detail::Registration& r) {
 }
 
 RegisteredBuffer::RegisteredBuffer() = default;
-RegisteredBuffer::RegisteredBuffer(std::shared_ptr<detail::Registration> state) : state_(std::move(state)) {}
+RegisteredBuffer::RegisteredBuffer(std::shared_ptr<internal::Registration> state) : state_(std::move(state)) {}
 RegisteredBuffer::RegisteredBuffer(RegisteredBuffer&&) noexcept = default;
 
 RegisteredBuffer& RegisteredBuffer::operator=(RegisteredBuffer&& other) noexcept {

@@ -62,7 +62,7 @@ void Comm::Impl::on_fatal(DeviceType t, const Error& error) {
 }
 
 Error Comm::Impl::op_error(OpType type, uint64_t seq, Status status, DeviceType t) {
-  if (revoked_.load() && detail::is_fatal(status.code) && status.code != ErrorCode::kRevoked) {
+  if (revoked_.load() && internal::is_fatal(status.code) && status.code != ErrorCode::kRevoked) {
     // The revocation ended it (its abort), whatever the backend saw.
     std::string why;
     {
@@ -78,7 +78,7 @@ Error Comm::Impl::op_error(OpType type, uint64_t seq, Status status, DeviceType 
     if (!culprit.empty()) str::append(status.message, "; ", culprit);
   }
   Error e = make_error(type, seq, status);
-  if (detail::is_fatal(status.code)) on_fatal(t, e);
+  if (internal::is_fatal(status.code)) on_fatal(t, e);
   return e;
 }
 
@@ -218,7 +218,7 @@ void Comm::Impl::check_same_args(const trace::OpRecord& r, const internal::OpArg
   const Status st = trace::check_same_args(*recorder_, r, counts, timeout);
   if (st.is_ok()) return;
   Error e = op_error(r.op, r.seq, st, t);
-  if (!detail::is_fatal(st.code)) trace::dump(*recorder_, e.what());
+  if (!internal::is_fatal(st.code)) trace::dump(*recorder_, e.what());
   throw e;
 }
 
@@ -282,7 +282,7 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
     return Work();
   }
   if (opts.async) {
-    return Work(std::make_shared<detail::WorkState>(shared_from_this(), std::move(work), args.type, seq, t));
+    return Work(std::make_shared<internal::WorkState>(shared_from_this(), std::move(work), args.type, seq, t));
   }
   st = internal::call_plugin(s.plugin->name, "wait", [&] { return work->wait(WaitMode::kStream); });
   if (!st.is_ok()) [[unlikely]] fail_op(args.type, seq, st, t);

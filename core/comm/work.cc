@@ -3,7 +3,7 @@
 
 namespace comms {
 
-namespace detail {
+namespace internal {
 
 bool WorkState::is_completed() {
   // Not under mu_: a blocking wait() on another thread holds it until the
@@ -51,7 +51,7 @@ std::string WorkState::error_message() {
   return e ? e->what() : std::string();
 }
 
-}  // namespace detail
+}  // namespace internal
 
 void Work::wait() { wait(WaitMode::kStream); }
 void Work::blocking_wait() { wait(WaitMode::kBlocking); }

@@ -41,7 +41,7 @@ void read_pair(int64_t* tick, int64_t* ns) {
 
 }  // namespace
 
-namespace detail {
+namespace internal {
 
 TickClock g_tick_clock;
 
@@ -60,11 +60,11 @@ void start_tick_clock() {
   (void)started;
 }
 
-}  // namespace detail
+}  // namespace internal
 
 TicksToNs::TicksToNs() {
-  detail::start_tick_clock();
-  const detail::TickClock& c = detail::g_tick_clock;
+  internal::start_tick_clock();
+  const internal::TickClock& c = internal::g_tick_clock;
   tsc_ = c.tsc;
 #if defined(__x86_64__)
   if (!tsc_) return;
@@ -96,7 +96,7 @@ Recorder::Recorder(CommInfo info, size_t capacity)
       capacity_(capacity),
       mask_(capacity ? ring_slots(capacity) - 1 : 0),
       slots_(capacity ? new Slot[ring_slots(capacity)] : nullptr) {
-  detail::start_tick_clock();
+  internal::start_tick_clock();
 }
 
 Recorder::Slot* Recorder::slot_of(uint64_t seq) const {

@@ -57,7 +57,7 @@ inline int64_t now_ns() {
 // Elsewhere it is now_ns(). A record is turned into steady_clock
 // nanoseconds only when it is read (ticks_to_ns), so every reader of the
 // ring sees now_ns()'s time base.
-namespace detail {
+namespace internal {
 struct TickClock {
   bool tsc = false;
   int64_t tick0 = 0, ns0 = 0;  // one reading of both, for the conversion
@@ -66,11 +66,11 @@ struct TickClock {
 // whoever holds a recorder reads it without a guard.
 extern TickClock g_tick_clock;
 void start_tick_clock();
-}  // namespace detail
+}  // namespace internal
 
 inline int64_t ticks() {
 #if defined(__x86_64__)
-  if (detail::g_tick_clock.tsc) return static_cast<int64_t>(__builtin_ia32_rdtsc());
+  if (internal::g_tick_clock.tsc) return static_cast<int64_t>(__builtin_ia32_rdtsc());
 #endif
   return now_ns();
 }
