@@ -52,6 +52,12 @@ const std::string& linked_version() {
   return version;
 }
 
+// Every variable this plugin reads (docs/ENVIRONMENT.md lists them).
+constexpr comms::plugin::EnvVariable kEnvVariables[] = {
+    {"COMMS_NCCL_NET_NAMES", "", "NCCL: extra accepted values of the nccl.net_name hint (comma separated, case-insensitive), for NCCL net plugins. Built in: IB, Socket."},
+    {nullptr, nullptr, nullptr},
+};
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const comms::plugin::PluginDescriptor*
@@ -67,6 +73,7 @@ comms_plugin_entry() {
       .features = comms::plugin::kFeatureRegisterBuffers | comms::plugin::kFeatureMemAlloc,
       .mem_alloc = mem_alloc,
       .mem_free = mem_free,
+      .env_variables = kEnvVariables,
   };
   return &descriptor;
 }
