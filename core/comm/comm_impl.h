@@ -1,8 +1,8 @@
 // The implementation behind comms::Comm. Kept in a header so the dist layer
 // and tests can reach the pieces they need; it is not part of the public API.
-// Its definitions live in core/comm/, one file per job: backends.cc (slots,
+// Its definitions live in core/comm/, one file per job: backends.cc (device backends,
 // creation, connecting), run.cc (ops and their failures), split.cc,
-// lifecycle.cc (timeouts, hints, abort, finalize, offload, reload),
+// control.cc (timeouts, hints, abort, finalize, offload, reload),
 // describe.cc, names.cc, hint_routing.cc, work.cc, ops.cc and new_comm.cc.
 #pragma once
 
@@ -68,7 +68,7 @@ inline bool is_fatal(ErrorCode code) {
 
 class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
  public:
-  struct Slot {
+  struct DeviceBackend {
     // Read on every op without a lock; changed under state_mu_.
     std::atomic<BackendState> state{BackendState::kAbsent};
     const internal::LoadedPlugin* plugin = nullptr;
@@ -212,7 +212,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   plugin::BackendInit init_for(DeviceType t) const;
   std::string store_prefix(DeviceType t) const;
   // Connects a lazy backend (collective); throws with op context on failure.
-  void ensure_ready(Slot& slot, DeviceType t, plugin::OpType type, uint64_t seq);
+  void ensure_ready(DeviceBackend& db, DeviceType t, plugin::OpType type, uint64_t seq);
   // Which ranks came to, and how far they got in, connecting backend `t`.
   internal::InitProgress init_progress(DeviceType t) const;
   void flush_barrier(DeviceType t);
@@ -231,7 +231,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   void check_same_args(const trace::OpRecord& r, const internal::OpArgs& args, std::chrono::milliseconds timeout,
                        DeviceType t);
   plugin::OpDesc op_desc(const internal::OpArgs& args, const OpOptions& opts, const internal::Checked& c,
-                         const Slot& s, uint64_t seq) const;
+                         const DeviceBackend& s, uint64_t seq) const;
   // Which backend runs the op; throws when it cannot run ops.
   DeviceType op_device(const internal::OpArgs& args, const internal::Checked& c);
   // A collective given a tag, or a timeout that is not positive.
@@ -239,13 +239,13 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   // Why backend `t` cannot run ops (absent, offloaded, failed or revoked).
   [[gnu::cold]] Error unusable_backend(plugin::OpType type, DeviceType t) const;
   // The backend's supports_reduction, asked once per dtype and kind.
-  bool supports_reduction(Slot& s, DataType dtype, ReduceKind kind, plugin::OpType type) const;
-  Slot& slot(DeviceType t) { return slots_[static_cast<size_t>(t)]; }
-  const Slot& slot(DeviceType t) const { return slots_[static_cast<size_t>(t)]; }
+  bool supports_reduction(DeviceBackend& s, DataType dtype, ReduceKind kind, plugin::OpType type) const;
+  DeviceBackend& device_backend(DeviceType t) { return device_backends_[static_cast<size_t>(t)]; }
+  const DeviceBackend& device_backend(DeviceType t) const { return device_backends_[static_cast<size_t>(t)]; }
 
   Config config_;
-  std::array<Slot, kNumDeviceTypes> slots_;
-  // Guards slot state changes against abort()/describe() from other threads.
+  std::array<DeviceBackend, kNumDeviceTypes> device_backends_;
+  // Guards device backend state changes against abort()/describe() from other threads.
   mutable std::mutex state_mu_;
   // Guards config_.op_timeout and config_.hints (set_timeout, set_hints)
   // against readers on other threads (describe, accessors).

@@ -1,5 +1,5 @@
 // Registered buffers: RegisteredBuffer and the Comm::Impl calls behind it.
-// A registration remembers the backend object and the slot's generation it
+// A registration remembers the backend object and the device backend's generation it
 // was made on; once either changed (finalize, offload, reload) the backend
 // has released it, and the handle only reports that.
 #include "comm/comm_impl.h"
@@ -31,7 +31,7 @@ bool plugin_can_register(const internal::LoadedPlugin& p) {
 }  // namespace
 
 const internal::LoadedPlugin& Comm::Impl::plugin_serving(DeviceType t, std::string_view op) const {
-  const Slot& s = slot(t);
+  const DeviceBackend& s = device_backend(t);
   if (!s.plugin) {
     throw error(ErrorCode::kInvalidArgument,
                 str::cat(op, ": this comm has no backend for ", to_string(t)), op);
@@ -40,7 +40,7 @@ const internal::LoadedPlugin& Comm::Impl::plugin_serving(DeviceType t, std::stri
 }
 
 bool Comm::Impl::can_register(DeviceType t) const {
-  const Slot& s = slot(t);
+  const DeviceBackend& s = device_backend(t);
   return s.plugin && plugin_can_register(*s.plugin);
 }
 
@@ -57,7 +57,7 @@ std::shared_ptr<internal::Registration> Comm::Impl::register_buffer(BufferView b
     throw error(ErrorCode::kInvalidArgument, "register_buffer: the buffer is null or empty", "register_buffer");
   }
   std::lock_guard<std::mutex> lock(state_mu_);
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   if (s.state.load() != BackendState::kReady || !s.backend) {
     throw error(ErrorCode::kInvalidArgument,
                 str::cat("register_buffer: the ", p.name, " backend is ", to_string(s.state.load()),
@@ -76,7 +76,7 @@ std::shared_ptr<internal::Registration> Comm::Impl::register_buffer(BufferView b
 }
 
 bool Comm::Impl::registration_live(const internal::Registration& r) const {
-  const Slot& s = slot(r.buffer.device.type);
+  const DeviceBackend& s = device_backend(r.buffer.device.type);
   return !r.released && s.backend.get() == r.backend && s.generation == r.generation &&
          s.state.load() == BackendState::kReady;
 }
@@ -88,7 +88,7 @@ void Comm::Impl::deregister_buffer(internal::Registration& r) {
     return;
   }
   r.released = true;
-  Slot& s = slot(r.buffer.device.type);
+  DeviceBackend& s = device_backend(r.buffer.device.type);
   call_or_throw(r.buffer.device.type, "deregister_buffer", "deregister_buffer", "deregister_buffer",
                 [&] { return s.backend->deregister_buffer(r.handle); });
 }

@@ -37,7 +37,7 @@ Error Comm::Impl::make_error(OpType type, uint64_t seq, const Status& status) co
 }
 
 void Comm::Impl::on_fatal(DeviceType t, const Error& error) {
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   {
     std::lock_guard<std::mutex> lock(state_mu_);
     if (s.state.load() == BackendState::kReady || s.state.load() == BackendState::kLazy) {
@@ -67,7 +67,7 @@ Error Comm::Impl::op_error(OpType type, uint64_t seq, Status status, DeviceType 
     std::string why;
     {
       std::lock_guard<std::mutex> lock(state_mu_);
-      why = slot(t).failure;
+      why = device_backend(t).failure;
     }
     status = Status(ErrorCode::kRevoked, str::cat(why, " (the backend said: ", to_string(status.code), ": ",
                                                   status.message, ")"), status.peer);
@@ -87,7 +87,7 @@ void Comm::Impl::fail_op(OpType type, uint64_t seq, const Status& status, Device
 }
 
 Error Comm::Impl::unusable_backend(OpType type, DeviceType t) const {
-  const Slot& s = slot(t);
+  const DeviceBackend& s = device_backend(t);
   const uint64_t next = seq_.load() + 1;
   switch (s.state.load()) {
     case BackendState::kAbsent:
@@ -120,7 +120,7 @@ Error Comm::Impl::unusable_backend(OpType type, DeviceType t) const {
   }
 }
 
-bool Comm::Impl::supports_reduction(Slot& s, DataType dtype, ReduceKind kind, OpType type) const {
+bool Comm::Impl::supports_reduction(DeviceBackend& s, DataType dtype, ReduceKind kind, OpType type) const {
   // Asked once per (dtype, kind) of each backend: the answer is fixed for a
   // backend's life (plugin.h), and a reload (a new generation) asks again.
   static_assert(kNumDataTypes <= 16, "one bit per dtype");
@@ -152,7 +152,7 @@ DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::C
         : config_.spec.has(DeviceType::kCpu) ? DeviceType::kCpu
                                              : DeviceType::kCuda;
   }
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   const BackendState state = s.state.load();
   if (state != BackendState::kReady && state != BackendState::kLazy) [[unlikely]] throw unusable_backend(args.type, t);
   // Before any plugin call (lazy init, supports_reduction, submit): a buffer
@@ -171,7 +171,7 @@ DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::C
 }
 
 plugin::OpDesc Comm::Impl::op_desc(const internal::OpArgs& args, const OpOptions& opts, const internal::Checked& c,
-                                   const Slot& s, uint64_t seq) const {
+                                   const DeviceBackend& s, uint64_t seq) const {
   plugin::OpDesc d;
   d.type = args.type;
   d.seq = seq;
@@ -242,7 +242,7 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   if (opts.tag != 0 && !is_p2p(args.type)) [[unlikely]] throw bad_options(args.type, opts);
   const DeviceType t = op_device(args, c);
   if (opts.timeout && opts.timeout->count() <= 0) [[unlikely]] throw bad_options(args.type, opts);
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   // One issuing thread at a time (comm.h): no locked add on every op.
   const uint64_t seq = seq_.load(std::memory_order_relaxed) + 1;
   seq_.store(seq, std::memory_order_relaxed);
