@@ -166,7 +166,7 @@ void Comm::Impl::ensure_ready(DeviceBackend& s, DeviceType t, OpType type, uint6
                                         "first op (or pass a device to new_comm to connect "
                                         "eagerly)"),
                    st.peer};
-    fail_op(type, seq, wrapped, t);
+    throw failed_op(type, seq, wrapped, t);
   }
   s.state = BackendState::kReady;
 }
@@ -190,7 +190,7 @@ void Comm::Impl::flush_barrier(DeviceType t) {
   }
   if (!st.is_ok()) {
     st.message = str::cat("flush barrier after binding ", s.device.to_string(), ": ", st.message);
-    fail_op(OpType::kBarrier, d.seq, st, t);
+    throw failed_op(OpType::kBarrier, d.seq, st, t);
   }
   recorder_->completed(d.seq, OpType::kBarrier);
 }

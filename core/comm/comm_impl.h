@@ -147,14 +147,16 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     if (!st.is_ok()) throw error(st.code, str::cat(action, ": ", st.message), op);
   }
 
-  [[noreturn]] void fail_op(plugin::OpType type, uint64_t seq, const Status& status,
-                            DeviceType device_type);
-  // The Error of a failed op: recorded, a timeout's message names the ranks
-  // behind (trace::find_culprit), and a fatal one fails the backend (on_fatal).
-  Error op_error(plugin::OpType type, uint64_t seq, Status status, DeviceType device_type);
+  // The comm's three error builders. error() above: anything but an op.
+  // op_error(): an op refused before it reached the backend, "<prefix>
+  // <op> #<seq>: <code>: <message>" with comm, op, seq, rank and peer.
+  // failed_op(): an op the backend failed: recorded, a timeout's message
+  // names the ranks behind (trace::find_culprit), and a fatal one fails the
+  // backend (on_fatal); then op_error()'s text.
+  Error op_error(plugin::OpType type, uint64_t seq, const Status& status) const;
+  Error failed_op(plugin::OpType type, uint64_t seq, Status status, DeviceType device_type);
   // The comm's flight recorder (never null).
   trace::Recorder& recorder() const { return *recorder_; }
-  Error make_error(plugin::OpType type, uint64_t seq, const Status& status) const;
   // Marks the backend failed after a fatal op error; honours
   // abort_process_on_error.
   void on_fatal(DeviceType device_type, const Error& error);
@@ -234,10 +236,11 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
                          const DeviceBackend& s, uint64_t seq) const;
   // Which backend runs the op; throws when it cannot run ops.
   DeviceType op_device(const internal::OpArgs& args, const internal::Checked& c);
-  // A collective given a tag, or a timeout that is not positive.
-  [[gnu::cold]] Error bad_options(plugin::OpType type, const OpOptions& opts) const;
-  // Why backend `t` cannot run ops (absent, offloaded, failed or revoked).
-  [[gnu::cold]] Error unusable_backend(plugin::OpType type, DeviceType t) const;
+  // Why the options are refused: a collective given a tag, or a timeout
+  // that is not positive (for op_error).
+  [[gnu::cold]] Status bad_options(plugin::OpType type, const OpOptions& opts) const;
+  // Why backend `t` cannot run ops: absent, offloaded, failed or revoked.
+  [[gnu::cold]] Status unusable_backend(DeviceType t) const;
   // The backend's supports_reduction, asked once per dtype and kind.
   bool supports_reduction(DeviceBackend& s, DataType dtype, ReduceKind kind, plugin::OpType type) const;
   DeviceBackend& device_backend(DeviceType t) { return device_backends_[static_cast<size_t>(t)]; }

@@ -31,7 +31,7 @@ std::optional<Error> WorkState::wait(WaitMode mode) {
   // still be running and may still fail, so the Work stays open.
   if (st.is_ok() && mode == WaitMode::kStream && !plugin_says_completed()) return std::nullopt;
   if (!st.is_ok()) {
-    error_ = comm_->op_error(type_, seq_, st, device_type_);
+    error_ = comm_->failed_op(type_, seq_, st, device_type_);
   } else {
     comm_->recorder().completed(seq_, type_);
   }
