@@ -16,8 +16,8 @@
 //
 // Large ops on a transport that sends in place (Transport::sends_in_place)
 // follow the switch points below, each chosen by a measurement in
-// docs/MEASUREMENTS.md ("The 64 KiB to 64 MiB band", "Direct copies on one
-// host").
+// docs/appendix/MEASUREMENTS.md ("The 64 KiB to 64 MiB band on UCX", "Direct
+// copies on one host").
 #pragma once
 
 #include <cstddef>
@@ -60,14 +60,11 @@ constexpr Algorithm algorithm_for(plugin::OpType type, size_t bytes, int size, b
 // The ring's piece size on an in-place transport; `bytes` is the op's whole
 // per-rank buffer (all_reduce: count x element). Each segment (bytes / size)
 // moves in pieces of this size, so segment / piece is the pipeline depth.
-// Pieces under UCX's eager limit (comms sets 64 KiB + 1) go eager: the
+// Rule: pieces stay under UCX's eager limit (comms sets 64 KiB + 1), so the
 // sender copies into the peer's shared-memory FIFO while the peer copies the
-// previous piece out, and a send never waits for the peer's receive. At 2
-// ranks, 1 MiB: 64 KiB pieces 167 µs p50, 128 KiB (rendezvous) 200, one
-// piece per segment 155-170; 4 MiB: 32 KiB 414-512 µs, 64 KiB 566-855,
-// 128 KiB 827-918, 1 MiB 3185-4510; 16 MiB: 32 KiB 13.6-16.9 ms, 64 KiB
-// 27.6, 128 KiB 25-26 (2026-11-26, loaded; docs/MEASUREMENTS.md). Other
-// transports: 128 KiB.
+// previous piece out and a send never waits for the peer's receive; 64 KiB
+// up to 1 MiB, 32 KiB above (deeper pipeline). Other transports: 128 KiB.
+// Measured: docs/appendix/MEASUREMENTS.md, "The 64 KiB to 64 MiB band on UCX".
 inline constexpr size_t kRingPieceBytes = 128 * 1024;
 constexpr size_t ring_piece_bytes(size_t bytes, bool in_place) {
   if (!in_place) return kRingPieceBytes;
@@ -81,11 +78,9 @@ constexpr size_t ring_piece_bytes(size_t bytes, bool in_place) {
 // receiver while the receiver reads the rest out of the root's buffer: each
 // byte copied once, by two cores at once. Elsewhere in pieces of
 // kBroadcastPieceBytes (eager, as the ring's) up to
-// kBroadcastPiecedMaxBytes, and as one rendezvous message above. At 2
-// ranks, p50 µs, pieces / direct, loaded machine (2026-11-26;
-// docs/MEASUREMENTS.md "Direct copies on one host"): 32 KiB 1.8-4.4 /
-// 4.0-4.8; 64 KiB 8.5 / 5.0; 256 KiB 32-35 / 11.5; 1 MiB 129 / 41; 4 MiB
-// 554-607 / 160-188; 16 MiB 2442-2853 / 745-1182 (one message).
+// kBroadcastPiecedMaxBytes, and as one rendezvous message above. Rule: the
+// split copy wins from 64 KiB at 2 ranks; below it the eager pieces do.
+// Measured: docs/appendix/MEASUREMENTS.md, "Direct copies on one host".
 inline constexpr size_t kBroadcastDirectMinBytes = 64 * 1024;
 constexpr bool broadcast_may_copy_directly(size_t bytes) { return bytes >= kBroadcastDirectMinBytes; }
 inline constexpr size_t kBroadcastPieceBytes = 64 * 1024;
@@ -104,11 +99,10 @@ constexpr size_t broadcast_direct_share(size_t bytes, int size) {
 // kAllReduceDirectMinSegmentBytes, where every rank copies directly with
 // every other: each rank reduces its segment in chunks of
 // kAllReduceDirectChunkBytes read out of the peers' inputs and writes each
-// reduced chunk into their outputs. Elsewhere, the ring. p50 µs, ring /
-// direct (2026-11-26, loaded): 2 ranks 128 KiB 24-29 / 17; 1 MiB 190-205 /
-// 105; 4 MiB 725-1045 / 511-758; 4 ranks 64 KiB 45 / 59 (so the segment
-// limit), 128 KiB 77-95 / 68-110, 256 KiB 125-150 / 105-134, 1 MiB 485-562
-// / 330-562. Chunks of 128 KiB to 2 MiB all gave 4 MiB in 540-700 µs.
+// reduced chunk into their outputs. Elsewhere, the ring. Rule: below 32 KiB
+// per segment the ring's pipeline wins; the chunk size barely matters
+// (128 KiB to 2 MiB alike). Measured: docs/appendix/MEASUREMENTS.md,
+// "Direct copies on one host".
 inline constexpr size_t kAllReduceDirectMinSegmentBytes = 32 * 1024;
 // The size rule alone (both the algorithms and comms-bench's path names use
 // it); the ranks' direct copies decide the rest.

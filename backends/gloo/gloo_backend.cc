@@ -85,7 +85,7 @@ class GlooBackend : public plugin::Backend {
  private:
   Status execute(const plugin::OpDesc& op);
   Status translate(const std::exception& e, const plugin::OpDesc* op, Clock::time_point started) const;
-  bool fast_path_fits(const plugin::OpDesc& op) const;
+  bool sync_mesh_takes(const plugin::OpDesc& op) const;
   void run_op(const plugin::OpDesc& op);
   std::shared_ptr<::gloo::rendezvous::Context> connect_mesh(const std::string& prefix);
   void remember_endpoints(const std::set<int>& opened);
@@ -94,12 +94,14 @@ class GlooBackend : public plugin::Backend {
   GlooConfig config_;
   std::atomic<std::chrono::milliseconds> op_timeout_;
   std::shared_ptr<::gloo::transport::Device> device_;
-  std::shared_ptr<::gloo::rendezvous::Context> ctx_;       // async pairs: every op
-  std::shared_ptr<::gloo::rendezvous::Context> fast_ctx_;  // sync pairs: small ops
-  std::chrono::milliseconds fast_timeout_{0};  // fixed in the sync pairs at connect
+  // The two meshes: the async mesh (Gloo's own pairs, every op) and the sync
+  // mesh (pairs in sync mode, read by the calling thread: the CPU algorithms).
+  std::shared_ptr<::gloo::rendezvous::Context> async_mesh_;
+  std::shared_ptr<::gloo::rendezvous::Context> sync_mesh_;
+  std::chrono::milliseconds sync_timeout_{0};  // fixed in the sync mesh's pairs at connect
   std::unique_ptr<GlooTransport> transport_;   // the sync mesh, for the CPU algorithms
-  std::unique_ptr<cpu_algorithms::Collectives> sync_;  // the CPU algorithms on it
-  std::unique_ptr<AsyncOps> async_;                // Gloo's collectives on ctx_
+  std::unique_ptr<cpu_algorithms::Collectives> sync_ops_;  // the CPU algorithms on it
+  std::unique_ptr<AsyncOps> async_ops_;                    // Gloo's collectives on the async mesh
   std::vector<FoundSocket> sockets_;  // of our pairs, for abort()
   std::vector<std::pair<sockaddr_storage, int>> peer_endpoints_;  // remote end or listen address -> rank
 
@@ -132,19 +134,19 @@ Status GlooBackend::init() {
   const SocketFds sockets_before = socket_fds();
   try {
     device_ = shared_device(config_);
-    ctx_ = connect_mesh("async/");
-    // The sync pairs take their read timeout now; ops with another timeout
-    // use the async mesh.
-    fast_timeout_ = op_timeout_.load();
-    fast_ctx_ = connect_mesh("sync/");
+    async_mesh_ = connect_mesh("async/");
+    // The sync mesh's pairs take their read timeout now; ops with another
+    // timeout use the async mesh.
+    sync_timeout_ = op_timeout_.load();
+    sync_mesh_ = connect_mesh("sync/");
     for (int r = 0; r < init_.size; ++r) {
-      if (r != init_.rank) fast_ctx_->getPair(r)->setSync(true, config_.busy_poll == "1");
+      if (r != init_.rank) sync_mesh_->getPair(r)->setSync(true, config_.busy_poll == "1");
     }
-    size_send_buffers(*fast_ctx_, *ctx_, init_.init_timeout);
+    size_send_buffers(*sync_mesh_, *async_mesh_, init_.init_timeout);
     const std::set<int> opened = sockets_opened_since(sockets_before);
-    transport_ = std::make_unique<GlooTransport>(fast_ctx_, config_.spin, opened);
-    sync_ = std::make_unique<cpu_algorithms::Collectives>(*transport_, fast_timeout_);
-    async_ = std::make_unique<AsyncOps>(ctx_, init_.rank, init_.size);
+    transport_ = std::make_unique<GlooTransport>(sync_mesh_, config_.spin, opened);
+    sync_ops_ = std::make_unique<cpu_algorithms::Collectives>(*transport_, sync_timeout_);
+    async_ops_ = std::make_unique<AsyncOps>(async_mesh_, init_.rank, init_.size);
     set_cloexec_on_sockets_since(sockets_before);
     remember_endpoints(opened);
     return {};
@@ -164,7 +166,7 @@ void GlooBackend::remember_endpoints(const std::set<int>& opened) {
   // the remote ends turn Gloo's "peer [addr]" messages into ranks.
   std::vector<sockaddr_storage> locals;
   std::vector<int> ranks_of_locals;
-  for (auto* ctx : {ctx_.get(), fast_ctx_.get()}) {
+  for (auto* ctx : {async_mesh_.get(), sync_mesh_.get()}) {
     for (int r = 0; r < init_.size; ++r) {
       if (r == init_.rank) continue;
       auto& pair = ctx->getPair(r);
@@ -180,19 +182,19 @@ void GlooBackend::remember_endpoints(const std::set<int>& opened) {
   }
 }
 
-bool GlooBackend::fast_path_fits(const plugin::OpDesc& op) const {
-  return fast_ctx_ && op.timeout == fast_timeout_ &&
+bool GlooBackend::sync_mesh_takes(const plugin::OpDesc& op) const {
+  return sync_mesh_ && op.timeout == sync_timeout_ &&
          sync_algorithm_for(op.type, op.count * element_size(op.dtype), init_.size) != Algorithm::kNone;
 }
 
 // The one place that picks how an op runs: a one-rank comm copies; an op
 // the CPU algorithms take (op_rules.h) runs them on the sync mesh when its
-// timeout is the one the sync pairs were connected with; every other op
+// timeout is the one the sync mesh was connected with; every other op
 // runs Gloo's collectives on the async mesh (gloo_ops.cc).
 void GlooBackend::run_op(const plugin::OpDesc& op) {
   if (init_.size == 1) return cpu_algorithms::run_on_one_rank(op);
-  if (fast_path_fits(op)) return cpu_algorithms::run_collective(*sync_, op);
-  async_->run(op);
+  if (sync_mesh_takes(op)) return cpu_algorithms::run_collective(*sync_ops_, op);
+  async_ops_->run(op);
 }
 
 Status GlooBackend::translate(const std::exception& e, const plugin::OpDesc* op, Clock::time_point started) const {
@@ -254,9 +256,9 @@ Status GlooBackend::set_hints(const Hints& hints) {
       config_.busy_poll = cfg.busy_poll;
       config_.busy_poll_enabled = cfg.busy_poll_enabled;
       config_.spin = cfg.spin;
-      if (fast_ctx_) {
+      if (sync_mesh_) {
         for (int r = 0; r < init_.size; ++r) {
-          if (r != init_.rank) fast_ctx_->getPair(r)->setSync(true, cfg.busy_poll == "1");
+          if (r != init_.rank) sync_mesh_->getPair(r)->setSync(true, cfg.busy_poll == "1");
         }
         transport_->set_spin(cfg.spin);
       }
@@ -282,19 +284,19 @@ Status GlooBackend::finalize() {
   if (finalized_) return {};
   finalized_ = true;
   ops_.stop_and_join();  // queued ops run first (after abort() they fail fast)
-  sync_.reset();
+  sync_ops_.reset();
   transport_.reset();  // its buffers unregister from the pairs
-  if (async_) async_->reset();
+  if (async_ops_) async_ops_->reset();
   try {
-    if (ctx_) ctx_->closeConnections();
-    if (fast_ctx_) fast_ctx_->closeConnections();
+    if (async_mesh_) async_mesh_->closeConnections();
+    if (sync_mesh_) sync_mesh_->closeConnections();
   } catch (const std::exception& e) {
-    ctx_.reset();
-    fast_ctx_.reset();
+    async_mesh_.reset();
+    sync_mesh_.reset();
     return {ErrorCode::kInternal, cat({"closing Gloo connections: ", e.what()})};
   }
-  ctx_.reset();
-  fast_ctx_.reset();
+  async_mesh_.reset();
+  sync_mesh_.reset();
   return {};
 }
 

@@ -20,6 +20,14 @@ Status explain(const comms::Hints& hints, std::string* json) {
   return {};
 }
 
+// Every variable this plugin reads (docs/ENVIRONMENT.md lists them).
+constexpr comms::plugin::EnvVariable kEnvVariables[] = {
+    {"COMMS_GLOO_IFNAME", "", "Gloo: network interface to bind (e.g. eth0); it must exist and have an IPv4 or IPv6 address. Hint gloo.interface wins over it."},
+    {"COMMS_GLOO_HOSTNAME", "", "Gloo: host name or address to bind; it must resolve to an address of one of this host's interfaces. Hint gloo.hostname wins over it. Unset (and no interface): the address this process uses to reach the TCP store, else 127.0.0.1."},
+    {"COMMS_GLOO_BUSY_POLL", "auto", "Gloo: how reads on the sync mesh (all_reduce, small broadcast, barrier) wait. auto: spin up to 100 us, yielding, then block, when the ranks on this host are at most its cores, else block; 1 (or another true boolean): spin until the data arrives; 0: block at once. Hint gloo.busy_poll wins over it."},
+    {nullptr, nullptr, nullptr},
+};
+
 }  // namespace
 
 extern "C" COMMS_PLUGIN_EXPORT const PluginDescriptor* comms_plugin_entry() {
@@ -30,6 +38,7 @@ extern "C" COMMS_PLUGIN_EXPORT const PluginDescriptor* comms_plugin_entry() {
       .hint_keys = comms::gloo_backend::kHintKeys,
       .create = comms::gloo_backend::create_backend,
       .explain_hints = explain,
+      .env_variables = kEnvVariables,
   };
   return &descriptor;
 }

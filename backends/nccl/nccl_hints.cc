@@ -98,14 +98,8 @@ std::string known_keys_list() {
 
 }  // namespace
 
-const char* const kHintKeys[] = {
-    "blocking",      "cga_cluster_size", "min_ctas",     "max_ctas",
-    "net_name",      "split_share",      "traffic_class", "comm_name",
-    "collnet_enable", "cta_policy",      "shrink_share", "nvls_ctas",
-    "nchannels_per_net_peer", "nvlink_centric_sched", "high_priority_stream", nullptr};
-
 std::span<const char* const> hint_keys() {
-  return {kHintKeys, std::size(kHintKeys) - 1};
+  return {kHintKeys.data(), kHintKeys.size() - 1};
 }
 
 std::string nccl_version_string(int code) {

@@ -2,6 +2,7 @@
 // calls, so it is unit-tested on CPU and serves the descriptor's explain_hints.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <span>
 #include <string>
@@ -12,23 +13,21 @@
 
 namespace comms::nccl {
 
-// The keys the plugin accepts (no "nccl." prefix), in ncclConfig_t order, then
-// the stream key. Null-terminated for PluginDescriptor::hint_keys.
-extern const char* const kHintKeys[];
-std::span<const char* const> hint_keys();  // without the terminating null
-
 struct HintKeyVersion {
   const char* key;
   int min_version;
 };
 
-// The first NCCL release (as NCCL_VERSION_CODE) whose ncclConfig_t has each
-// key's field; 0 for keys that are not config fields. nccl_api.cc checks at
-// compile time that every key allowed for the linked NCCL has its field, so a
-// wrong entry fails the build rather than a communicator.
 // NCCL's MAXCHANNELS: the most CTAs a collective uses, and maxCTAs' default.
 inline constexpr int kMaxCtas = 64;
 
+// The plugin's one key table: the keys it accepts (no "nccl." prefix), in
+// ncclConfig_t order, then the stream key, each with the first NCCL release
+// (as NCCL_VERSION_CODE) whose ncclConfig_t has its field; 0 for keys that
+// are not config fields. nccl_api.cc checks at compile time that every key
+// allowed for the linked NCCL has its field, so a wrong entry fails the build
+// rather than a communicator. comms::dist::kOptionSpellings maps torch's and
+// Megatron's names onto these keys (tests/unit/nccl_options_test.cc).
 inline constexpr HintKeyVersion kHintKeyVersions[] = {
     {"blocking", 21400},
     {"cga_cluster_size", 21400},
@@ -46,6 +45,15 @@ inline constexpr HintKeyVersion kHintKeyVersions[] = {
     {"nvlink_centric_sched", 22800},
     {"high_priority_stream", 0},
 };
+
+// The keys the plugin accepts (no "nccl." prefix): kHintKeyVersions' keys,
+// null-terminated for PluginDescriptor::hint_keys.
+inline constexpr auto kHintKeys = [] {
+  std::array<const char*, std::size(kHintKeyVersions) + 1> keys{};
+  for (size_t i = 0; i < std::size(kHintKeyVersions); ++i) keys[i] = kHintKeyVersions[i].key;
+  return keys;
+}();
+std::span<const char* const> hint_keys();  // without the terminating null
 
 // The entry above for `key`, or -1 for an unknown key.
 constexpr int min_nccl_version_for(std::string_view key) {

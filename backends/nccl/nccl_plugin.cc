@@ -52,6 +52,12 @@ const std::string& linked_version() {
   return version;
 }
 
+// Every variable this plugin reads (docs/ENVIRONMENT.md lists them).
+constexpr comms::plugin::EnvVariable kEnvVariables[] = {
+    {"COMMS_NCCL_NET_NAMES", "", "NCCL: extra accepted values of the nccl.net_name hint (comma separated, case-insensitive), for NCCL net plugins. Built in: IB, Socket."},
+    {nullptr, nullptr, nullptr},
+};
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const comms::plugin::PluginDescriptor*
@@ -60,13 +66,14 @@ comms_plugin_entry() {
       .name = "nccl",
       .version = linked_version().c_str(),
       .device_types = comms::plugin::device_bit(comms::DeviceType::kCuda),
-      .hint_keys = comms::nccl::kHintKeys,
+      .hint_keys = comms::nccl::kHintKeys.data(),
       .create = create,
       .device_count = cuda_device_count,
       .explain_hints = explain,
       .features = comms::plugin::kFeatureRegisterBuffers | comms::plugin::kFeatureMemAlloc,
       .mem_alloc = mem_alloc,
       .mem_free = mem_free,
+      .env_variables = kEnvVariables,
   };
   return &descriptor;
 }

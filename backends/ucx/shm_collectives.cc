@@ -134,9 +134,9 @@ ShmCollectives::ShmCollectives(UcxTransport& transport, void* base, size_t bytes
 
 ShmCollectives::~ShmCollectives() { ::munmap(base_, bytes_); }
 
-// As the UCX waits. (A pure spin for the whole window, without yields, was
-// tried: when both ranks landed on one core each op cost the window, 212 us
-// p50 at 8 B on a loaded machine.)
+// As the UCX waits: spin yielding, never a pure spin, since two ranks on one
+// core would each pay the whole window per op (docs/DESIGN.md, "UCX: polling
+// that yields").
 void ShmCollectives::set_spin(const UcxSettings& s) {
   spin_forever_ = s.spin_forever;
   spin_us_ = s.spin.count();

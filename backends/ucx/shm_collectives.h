@@ -47,7 +47,9 @@ namespace comms::ucx_backend {
 class ShmCollectives {
  public:
   // The most bytes a rank puts in its slot per op (reduce_scatter: its
-  // whole input). Above it the UCX path wins or ties (docs/MEASUREMENTS.md).
+  // whole input). It bounds the segment (kDepth slots per rank); it was not
+  // tuned by measurement (docs/DESIGN.md, "UCX: small collectives through
+  // shared memory").
   static constexpr size_t kMaxBytes = 16 * 1024;
   static constexpr int kSliceMs = 50;
   // Slots per rank, used in turn: a broadcast's root (which waits for no

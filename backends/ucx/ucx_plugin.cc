@@ -42,6 +42,20 @@ Status explain(const comms::Hints& hints, std::string* json) {
   return {};
 }
 
+// Every variable this plugin reads (docs/ENVIRONMENT.md lists them).
+constexpr comms::plugin::EnvVariable kEnvVariables[] = {
+    {"COMMS_UCX_BUSY_POLL", "auto", "UCX: how waits on the UCP worker poll. auto: poll for up to 100 us (the first 3 us without yielding, then yielding the core after each empty poll; 50 us, all yielding, when the ranks on this host outnumber its cores), then sleep on the worker's event fd; 1: spin until the data arrives; 0: sleep at once. Hint ucx.busy_poll wins over it."},
+    {"COMMS_UCX_SHM", "1", "UCX: small collectives (barrier; all_reduce, all_gather, reduce_scatter, broadcast up to 16 KiB per rank) through a shared-memory segment the comm's ranks map, when all of them are on this host; the same bits as the UCX path. 0: everything through UCX."},
+    {"UCX_RNDV_THRESH", "", "UCX's eager/rendezvous threshold, read by UCX itself; the UCX plugin only checks whether it is set: unset (and no hint ucx.rndv_thresh), it sets 65537 so every message of the small-op paths goes eager."},
+    {"UCX_SYSV_FIFO_ELEM_SIZE", "", "UCX's size of a shared-memory FIFO element (sysv transport), read by UCX itself. Unset, together with UCX_POSIX_FIFO_ELEM_SIZE and UCX_MM_FIFO_ELEM_SIZE, the UCX plugin sets 16640 so that messages of up to 16 KiB (a 4-rank exchange message) travel inside the FIFO (UCX's own default, 128, sends them through receive buffers, and every buffer the receiver's pool grows by is a new shared page both sides fault in)."},
+    {"UCX_POSIX_FIFO_ELEM_SIZE", "", "As UCX_SYSV_FIFO_ELEM_SIZE, for UCX's posix shared-memory transport."},
+    {"UCX_MM_FIFO_ELEM_SIZE", "", "As UCX_SYSV_FIFO_ELEM_SIZE, for both of UCX's shared-memory transports (the per-transport variables win)."},
+    {"UCX_SYSV_FIFO_SIZE", "", "UCX's number of shared-memory FIFO elements (sysv transport), read by UCX itself. Unset, together with UCX_POSIX_FIFO_SIZE and UCX_MM_FIFO_SIZE, the UCX plugin sets 16 (UCX's own default is 64), which keeps the FIFO of 16640-byte elements at 260 KiB per comm and rank."},
+    {"UCX_POSIX_FIFO_SIZE", "", "As UCX_SYSV_FIFO_SIZE, for UCX's posix shared-memory transport."},
+    {"UCX_MM_FIFO_SIZE", "", "As UCX_SYSV_FIFO_SIZE, for both of UCX's shared-memory transports (the per-transport variables win)."},
+    {nullptr, nullptr, nullptr},
+};
+
 }  // namespace
 
 extern "C" COMMS_PLUGIN_EXPORT const PluginDescriptor* comms_plugin_entry() {
@@ -52,6 +66,7 @@ extern "C" COMMS_PLUGIN_EXPORT const PluginDescriptor* comms_plugin_entry() {
       .hint_keys = comms::ucx_backend::kHintKeys,
       .create = comms::ucx_backend::create_backend,
       .explain_hints = explain,
+      .env_variables = kEnvVariables,
   };
   return &descriptor;
 }

@@ -178,8 +178,8 @@ UcxTransport::UcxTransport(int rank, int size, const UcxSettings& settings, LogF
   // grows by is a new shared page that both sides fault in, which made
   // 16 KiB gathers and reduces slower than Gloo. Elements that hold a 4-ranks
   // exchange message (16 KiB) and its headers keep those in the FIFO's ring;
-  // 16 of them (260 KiB) are touched once and reused. docs/MEASUREMENTS.md
-  // has the sweeps.
+  // 16 of them (260 KiB) are touched once and reused (docs/DESIGN.md, "UCX:
+  // credit and 16 KiB FIFO elements").
   for (const auto& f : fifo_settings()) {
     if (!f.from_user && ucp_config_modify(config, f.key.c_str(), f.value.c_str()) != UCS_OK && log_) {
       log_(0, ("ucx: UCX does not take " + f.key + "; its FIFO keeps UCX's shape").c_str());

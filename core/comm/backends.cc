@@ -1,4 +1,4 @@
-// A comm's backend slots: creating each backend, connecting it (eagerly or
+// A comm's device backends: creating each backend, connecting it (eagerly or
 // before its first op), and the message prefix every error of the comm uses.
 #include "comm/comm_impl.h"
 #include "trace/service.h"
@@ -44,14 +44,14 @@ Error Comm::Impl::error(ErrorCode code, std::string_view what, std::string_view 
 }
 
 std::string Comm::Impl::plugin_name(DeviceType t) const {
-  const Slot& s = slot(t);
+  const DeviceBackend& s = device_backend(t);
   return s.plugin ? s.plugin->name : config_.spec.backend_for(t);
 }
 
-BackendState Comm::Impl::state(DeviceType t) const { return slot(t).state.load(); }
+BackendState Comm::Impl::state(DeviceType t) const { return device_backend(t).state.load(); }
 
 bool Comm::Impl::is_failed() const {
-  for (const auto& s : slots_) {
+  for (const auto& s : device_backends_) {
     if (s.state.load() == BackendState::kFailed) return true;
   }
   return false;
@@ -68,13 +68,13 @@ Hints Comm::Impl::hints() const {
 }
 
 std::string Comm::Impl::store_prefix(DeviceType t) const {
-  const Slot& s = slot(t);
+  const DeviceBackend& s = device_backend(t);
   return str::cat(config_.rendezvous_ns, "/", to_string(t), "-", config_.spec.backend_for(t),
                       "/g", s.generation);
 }
 
 plugin::BackendInit Comm::Impl::init_for(DeviceType t) const {
-  const Slot& s = slot(t);
+  const DeviceBackend& s = device_backend(t);
   plugin::BackendInit init;
   init.comm_name = config_.name;
   init.rank = config_.rank;
@@ -94,7 +94,7 @@ plugin::BackendInit Comm::Impl::init_for(DeviceType t) const {
 }
 
 void Comm::Impl::create_backend(DeviceType t, const Hints& routed) {
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   s.plugin = &internal::PluginRegistry::instance().get(config_.spec.backend_for(t));
   s.hints = routed;
   s.device = Device{t, -1};
@@ -120,7 +120,7 @@ void Comm::Impl::create_backends() {
   }
   if (config_.bound_device) {
     const DeviceType t = config_.bound_device->type;
-    ensure_ready(slot(t), t, OpType::kBarrier, 0);
+    ensure_ready(device_backend(t), t, OpType::kBarrier, 0);
     flush_barrier(t);
   }
   if (log::enabled(log::Level::kInfo)) {
@@ -133,9 +133,9 @@ void Comm::Impl::adopt_backends(
     const std::array<const internal::LoadedPlugin*, kNumDeviceTypes>& plugins) {
   for (int i = 0; i < kNumDeviceTypes; ++i) {
     if (!backends[i]) continue;
-    slots_[i].backend = std::move(backends[i]);
-    slots_[i].plugin = plugins[i];
-    slots_[i].state = BackendState::kReady;
+    device_backends_[i].backend = std::move(backends[i]);
+    device_backends_[i].plugin = plugins[i];
+    device_backends_[i].state = BackendState::kReady;
   }
 }
 
@@ -143,7 +143,7 @@ internal::InitProgress Comm::Impl::init_progress(DeviceType t) const {
   return internal::InitProgress(config_.store, store_prefix(t), config_.rank, config_.size);
 }
 
-void Comm::Impl::ensure_ready(Slot& s, DeviceType t, OpType type, uint64_t seq) {
+void Comm::Impl::ensure_ready(DeviceBackend& s, DeviceType t, OpType type, uint64_t seq) {
   if (s.state.load() != BackendState::kLazy) return;
   const auto progress = init_progress(t);
   progress.arrived();
@@ -166,13 +166,13 @@ void Comm::Impl::ensure_ready(Slot& s, DeviceType t, OpType type, uint64_t seq) 
                                         "first op (or pass a device to new_comm to connect "
                                         "eagerly)"),
                    st.peer};
-    fail_op(type, seq, wrapped, t);
+    throw failed_op(type, seq, wrapped, t);
   }
   s.state = BackendState::kReady;
 }
 
 void Comm::Impl::flush_barrier(DeviceType t) {
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   plugin::OpDesc d;
   d.type = OpType::kBarrier;
   d.seq = ++seq_;
@@ -190,7 +190,7 @@ void Comm::Impl::flush_barrier(DeviceType t) {
   }
   if (!st.is_ok()) {
     st.message = str::cat("flush barrier after binding ", s.device.to_string(), ": ", st.message);
-    fail_op(OpType::kBarrier, d.seq, st, t);
+    throw failed_op(OpType::kBarrier, d.seq, st, t);
   }
   recorder_->completed(d.seq, OpType::kBarrier);
 }

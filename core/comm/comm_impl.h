@@ -1,8 +1,8 @@
 // The implementation behind comms::Comm. Kept in a header so the dist layer
 // and tests can reach the pieces they need; it is not part of the public API.
-// Its definitions live in core/comm/, one file per job: backends.cc (slots,
+// Its definitions live in core/comm/, one file per job: backends.cc (device backends,
 // creation, connecting), run.cc (ops and their failures), split.cc,
-// lifecycle.cc (timeouts, hints, abort, finalize, offload, reload),
+// control.cc (timeouts, hints, abort, finalize, offload, reload),
 // describe.cc, names.cc, hint_routing.cc, work.cc, ops.cc and new_comm.cc.
 #pragma once
 
@@ -28,7 +28,7 @@
 
 namespace comms {
 
-namespace detail {
+namespace internal {
 
 // What an outstanding async op needs to report its result with context.
 class WorkState {
@@ -64,11 +64,11 @@ inline bool is_fatal(ErrorCode code) {
          code == ErrorCode::kAborted || code == ErrorCode::kInternal || code == ErrorCode::kRevoked;
 }
 
-}  // namespace detail
+}  // namespace internal
 
 class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
  public:
-  struct Slot {
+  struct DeviceBackend {
     // Read on every op without a lock; changed under state_mu_.
     std::atomic<BackendState> state{BackendState::kAbsent};
     const internal::LoadedPlugin* plugin = nullptr;
@@ -147,14 +147,16 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     if (!st.is_ok()) throw error(st.code, str::cat(action, ": ", st.message), op);
   }
 
-  [[noreturn]] void fail_op(plugin::OpType type, uint64_t seq, const Status& status,
-                            DeviceType device_type);
-  // The Error of a failed op: recorded, a timeout's message names the ranks
-  // behind (trace::find_culprit), and a fatal one fails the backend (on_fatal).
-  Error op_error(plugin::OpType type, uint64_t seq, Status status, DeviceType device_type);
+  // The comm's three error builders. error() above: anything but an op.
+  // op_error(): an op refused before it reached the backend, "<prefix>
+  // <op> #<seq>: <code>: <message>" with comm, op, seq, rank and peer.
+  // failed_op(): an op the backend failed: recorded, a timeout's message
+  // names the ranks behind (trace::find_culprit), and a fatal one fails the
+  // backend (on_fatal); then op_error()'s text.
+  Error op_error(plugin::OpType type, uint64_t seq, const Status& status) const;
+  Error failed_op(plugin::OpType type, uint64_t seq, Status status, DeviceType device_type);
   // The comm's flight recorder (never null).
   trace::Recorder& recorder() const { return *recorder_; }
-  Error make_error(plugin::OpType type, uint64_t seq, const Status& status) const;
   // Marks the backend failed after a fatal op error; honours
   // abort_process_on_error.
   void on_fatal(DeviceType device_type, const Error& error);
@@ -185,12 +187,12 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   BackendState state(DeviceType t) const;
   bool is_failed() const;
 
-  // ---- registered buffers (registration.cc; issue 27) ----
+  // ---- registered buffers (registration.cc) ----
   bool can_register(DeviceType t) const;
-  std::shared_ptr<detail::Registration> register_buffer(BufferView buffer);
+  std::shared_ptr<internal::Registration> register_buffer(BufferView buffer);
   // Deregisters unless the backend that registered it is gone.
-  void deregister_buffer(detail::Registration& r);
-  bool registration_live(const detail::Registration& r) const;
+  void deregister_buffer(internal::Registration& r);
+  bool registration_live(const internal::Registration& r) const;
   const internal::LoadedPlugin& plugin_serving(DeviceType t, std::string_view op) const;
   // ---- end of registered buffers ----
 
@@ -212,7 +214,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   plugin::BackendInit init_for(DeviceType t) const;
   std::string store_prefix(DeviceType t) const;
   // Connects a lazy backend (collective); throws with op context on failure.
-  void ensure_ready(Slot& slot, DeviceType t, plugin::OpType type, uint64_t seq);
+  void ensure_ready(DeviceBackend& db, DeviceType t, plugin::OpType type, uint64_t seq);
   // Which ranks came to, and how far they got in, connecting backend `t`.
   internal::InitProgress init_progress(DeviceType t) const;
   void flush_barrier(DeviceType t);
@@ -231,21 +233,22 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   void check_same_args(const trace::OpRecord& r, const internal::OpArgs& args, std::chrono::milliseconds timeout,
                        DeviceType t);
   plugin::OpDesc op_desc(const internal::OpArgs& args, const OpOptions& opts, const internal::Checked& c,
-                         const Slot& s, uint64_t seq) const;
+                         const DeviceBackend& s, uint64_t seq) const;
   // Which backend runs the op; throws when it cannot run ops.
   DeviceType op_device(const internal::OpArgs& args, const internal::Checked& c);
-  // A collective given a tag, or a timeout that is not positive.
-  [[gnu::cold]] Error bad_options(plugin::OpType type, const OpOptions& opts) const;
-  // Why backend `t` cannot run ops (absent, offloaded, failed or revoked).
-  [[gnu::cold]] Error unusable_backend(plugin::OpType type, DeviceType t) const;
+  // Why the options are refused: a collective given a tag, or a timeout
+  // that is not positive (for op_error).
+  [[gnu::cold]] Status bad_options(plugin::OpType type, const OpOptions& opts) const;
+  // Why backend `t` cannot run ops: absent, offloaded, failed or revoked.
+  [[gnu::cold]] Status unusable_backend(DeviceType t) const;
   // The backend's supports_reduction, asked once per dtype and kind.
-  bool supports_reduction(Slot& s, DataType dtype, ReduceKind kind, plugin::OpType type) const;
-  Slot& slot(DeviceType t) { return slots_[static_cast<size_t>(t)]; }
-  const Slot& slot(DeviceType t) const { return slots_[static_cast<size_t>(t)]; }
+  bool supports_reduction(DeviceBackend& s, DataType dtype, ReduceKind kind, plugin::OpType type) const;
+  DeviceBackend& device_backend(DeviceType t) { return device_backends_[static_cast<size_t>(t)]; }
+  const DeviceBackend& device_backend(DeviceType t) const { return device_backends_[static_cast<size_t>(t)]; }
 
   Config config_;
-  std::array<Slot, kNumDeviceTypes> slots_;
-  // Guards slot state changes against abort()/describe() from other threads.
+  std::array<DeviceBackend, kNumDeviceTypes> device_backends_;
+  // Guards device backend state changes against abort()/describe() from other threads.
   mutable std::mutex state_mu_;
   // Guards config_.op_timeout and config_.hints (set_timeout, set_hints)
   // against readers on other threads (describe, accessors).

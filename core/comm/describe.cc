@@ -30,7 +30,7 @@ std::string Comm::Impl::describe() const {
   json backends = json::object();
   std::lock_guard<std::mutex> lock(state_mu_);
   for (int i = 0; i < kNumDeviceTypes; ++i) {
-    const Slot& s = slots_[i];
+    const DeviceBackend& s = device_backends_[i];
     if (s.state.load() == BackendState::kAbsent && !s.plugin) continue;
     json b;
     b["backend"] = s.plugin ? s.plugin->name : "";

@@ -201,7 +201,7 @@ auto through_store(const Comm::Impl& impl, const char* op, F&& call) {
 void Comm::Impl::revoke_local(const std::string& reason) {
   std::lock_guard<std::mutex> lock(state_mu_);
   if (revoked_.exchange(true)) return;
-  for (auto& s : slots_) {
+  for (auto& s : device_backends_) {
     const BackendState st = s.state.load();
     if (st == BackendState::kAbsent || st == BackendState::kOffloaded) continue;
     s.failure = reason;  // the error's code already says "revoked"

@@ -1,5 +1,5 @@
 // Registered buffers: RegisteredBuffer and the Comm::Impl calls behind it.
-// A registration remembers the backend object and the slot's generation it
+// A registration remembers the backend object and the device backend's generation it
 // was made on; once either changed (finalize, offload, reload) the backend
 // has released it, and the handle only reports that.
 #include "comm/comm_impl.h"
@@ -8,7 +8,7 @@
 
 namespace comms {
 
-namespace detail {
+namespace internal {
 
 struct Registration {
   std::weak_ptr<Comm::Impl> comm;
@@ -19,7 +19,7 @@ struct Registration {
   bool released = false;  // deregistered by the caller
 };
 
-}  // namespace detail
+}  // namespace internal
 
 namespace {
 
@@ -31,7 +31,7 @@ bool plugin_can_register(const internal::LoadedPlugin& p) {
 }  // namespace
 
 const internal::LoadedPlugin& Comm::Impl::plugin_serving(DeviceType t, std::string_view op) const {
-  const Slot& s = slot(t);
+  const DeviceBackend& s = device_backend(t);
   if (!s.plugin) {
     throw error(ErrorCode::kInvalidArgument,
                 str::cat(op, ": this comm has no backend for ", to_string(t)), op);
@@ -40,11 +40,11 @@ const internal::LoadedPlugin& Comm::Impl::plugin_serving(DeviceType t, std::stri
 }
 
 bool Comm::Impl::can_register(DeviceType t) const {
-  const Slot& s = slot(t);
+  const DeviceBackend& s = device_backend(t);
   return s.plugin && plugin_can_register(*s.plugin);
 }
 
-std::shared_ptr<detail::Registration> Comm::Impl::register_buffer(BufferView buffer) {
+std::shared_ptr<internal::Registration> Comm::Impl::register_buffer(BufferView buffer) {
   const DeviceType t = buffer.device.type;
   const internal::LoadedPlugin& p = plugin_serving(t, "register_buffer");
   if (!plugin_can_register(p)) {
@@ -57,7 +57,7 @@ std::shared_ptr<detail::Registration> Comm::Impl::register_buffer(BufferView buf
     throw error(ErrorCode::kInvalidArgument, "register_buffer: the buffer is null or empty", "register_buffer");
   }
   std::lock_guard<std::mutex> lock(state_mu_);
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   if (s.state.load() != BackendState::kReady || !s.backend) {
     throw error(ErrorCode::kInvalidArgument,
                 str::cat("register_buffer: the ", p.name, " backend is ", to_string(s.state.load()),
@@ -65,7 +65,7 @@ std::shared_ptr<detail::Registration> Comm::Impl::register_buffer(BufferView buf
                          to_string(t), ", or create the comm with that device)"),
                 "register_buffer");
   }
-  auto r = std::make_shared<detail::Registration>();
+  auto r = std::make_shared<internal::Registration>();
   r->comm = weak_from_this();
   r->buffer = buffer;
   r->backend = s.backend.get();
@@ -75,26 +75,26 @@ std::shared_ptr<detail::Registration> Comm::Impl::register_buffer(BufferView buf
   return r;
 }
 
-bool Comm::Impl::registration_live(const detail::Registration& r) const {
-  const Slot& s = slot(r.buffer.device.type);
+bool Comm::Impl::registration_live(const internal::Registration& r) const {
+  const DeviceBackend& s = device_backend(r.buffer.device.type);
   return !r.released && s.backend.get() == r.backend && s.generation == r.generation &&
          s.state.load() == BackendState::kReady;
 }
 
-void Comm::Impl::deregister_buffer(detail::Registration& r) {
+void Comm::Impl::deregister_buffer(internal::Registration& r) {
   std::lock_guard<std::mutex> lock(state_mu_);
   if (!registration_live(r)) {
     r.released = true;  // gone with its backend
     return;
   }
   r.released = true;
-  Slot& s = slot(r.buffer.device.type);
+  DeviceBackend& s = device_backend(r.buffer.device.type);
   call_or_throw(r.buffer.device.type, "deregister_buffer", "deregister_buffer", "deregister_buffer",
                 [&] { return s.backend->deregister_buffer(r.handle); });
 }
 
 RegisteredBuffer::RegisteredBuffer() = default;
-RegisteredBuffer::RegisteredBuffer(std::shared_ptr<detail::Registration> state) : state_(std::move(state)) {}
+RegisteredBuffer::RegisteredBuffer(std::shared_ptr<internal::Registration> state) : state_(std::move(state)) {}
 RegisteredBuffer::RegisteredBuffer(RegisteredBuffer&&) noexcept = default;
 
 RegisteredBuffer& RegisteredBuffer::operator=(RegisteredBuffer&& other) noexcept {

@@ -28,7 +28,7 @@ bool is_p2p(OpType t) { return t == OpType::kSend || t == OpType::kRecv || t == 
 
 }  // namespace
 
-Error Comm::Impl::make_error(OpType type, uint64_t seq, const Status& status) const {
+Error Comm::Impl::op_error(OpType type, uint64_t seq, const Status& status) const {
   std::string message = str::cat(prefix(), " ", plugin::op_name(type), " #", seq, ": ",
                                  to_string(status.code), ": ", status.message);
   if (status.peer >= 0) str::append(message, " (peer rank ", status.peer, ")");
@@ -37,7 +37,7 @@ Error Comm::Impl::make_error(OpType type, uint64_t seq, const Status& status) co
 }
 
 void Comm::Impl::on_fatal(DeviceType t, const Error& error) {
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   {
     std::lock_guard<std::mutex> lock(state_mu_);
     if (s.state.load() == BackendState::kReady || s.state.load() == BackendState::kLazy) {
@@ -61,13 +61,13 @@ void Comm::Impl::on_fatal(DeviceType t, const Error& error) {
   }
 }
 
-Error Comm::Impl::op_error(OpType type, uint64_t seq, Status status, DeviceType t) {
-  if (revoked_.load() && detail::is_fatal(status.code) && status.code != ErrorCode::kRevoked) {
+Error Comm::Impl::failed_op(OpType type, uint64_t seq, Status status, DeviceType t) {
+  if (revoked_.load() && internal::is_fatal(status.code) && status.code != ErrorCode::kRevoked) {
     // The revocation ended it (its abort), whatever the backend saw.
     std::string why;
     {
       std::lock_guard<std::mutex> lock(state_mu_);
-      why = slot(t).failure;
+      why = device_backend(t).failure;
     }
     status = Status(ErrorCode::kRevoked, str::cat(why, " (the backend said: ", to_string(status.code), ": ",
                                                   status.message, ")"), status.peer);
@@ -77,30 +77,22 @@ Error Comm::Impl::op_error(OpType type, uint64_t seq, Status status, DeviceType 
     const std::string culprit = trace::find_culprit(recorder_, seq, type);
     if (!culprit.empty()) str::append(status.message, "; ", culprit);
   }
-  Error e = make_error(type, seq, status);
-  if (detail::is_fatal(status.code)) on_fatal(t, e);
+  Error e = op_error(type, seq, status);
+  if (internal::is_fatal(status.code)) on_fatal(t, e);
   return e;
 }
 
-void Comm::Impl::fail_op(OpType type, uint64_t seq, const Status& status, DeviceType t) {
-  throw op_error(type, seq, status, t);
-}
-
-Error Comm::Impl::unusable_backend(OpType type, DeviceType t) const {
-  const Slot& s = slot(t);
-  const uint64_t next = seq_.load() + 1;
+Status Comm::Impl::unusable_backend(DeviceType t) const {
+  const DeviceBackend& s = device_backend(t);
   switch (s.state.load()) {
     case BackendState::kAbsent:
-      return make_error(type, next,
-                        {ErrorCode::kInvalidArgument,
-                         str::cat("no backend for device type '", to_string(t), "' in this comm (backends: ",
-                                  config_.spec.to_string(), "); create the comm with e.g. 'cpu:gloo,cuda:nccl'")});
+      return {ErrorCode::kInvalidArgument,
+              str::cat("no backend for device type '", to_string(t), "' in this comm (backends: ",
+                       config_.spec.to_string(), "); create the comm with e.g. 'cpu:gloo,cuda:nccl'")};
     case BackendState::kOffloaded:
-      return make_error(type, next,
-                        {ErrorCode::kAborted,
-                         str::cat("the ", s.plugin->name, " backend for ", to_string(t),
-                                  " is offloaded; reload it first (dist::reload_groups() or "
-                                  "Comm::reload_backend)")});
+      return {ErrorCode::kAborted, str::cat("the ", s.plugin->name, " backend for ", to_string(t),
+                                            " is offloaded; reload it first (dist::reload_groups() or "
+                                            "Comm::reload_backend)")};
     default: {
       std::string failure;
       {
@@ -110,17 +102,15 @@ Error Comm::Impl::unusable_backend(OpType type, DeviceType t) const {
       if (revoked_.load()) {
         // Recovery runs through the store: no advice to recover when it is gone.
         const bool store_alive = !config_.store || !internal::store_lost(*config_.store);
-        return make_error(type, next,
-                          {ErrorCode::kRevoked,
-                           str::cat(failure, store_alive ? "; recover (comms::recover) and use the shrunk comm" : "")});
+        return {ErrorCode::kRevoked,
+                str::cat(failure, store_alive ? "; recover (comms::recover) and use the shrunk comm" : "")};
       }
-      return make_error(type, next,
-                        {ErrorCode::kAborted, str::cat("the comm failed earlier and cannot run ops: ", failure)});
+      return {ErrorCode::kAborted, str::cat("the comm failed earlier and cannot run ops: ", failure)};
     }
   }
 }
 
-bool Comm::Impl::supports_reduction(Slot& s, DataType dtype, ReduceKind kind, OpType type) const {
+bool Comm::Impl::supports_reduction(DeviceBackend& s, DataType dtype, ReduceKind kind, OpType type) const {
   // Asked once per (dtype, kind) of each backend: the answer is fixed for a
   // backend's life (plugin.h), and a reload (a new generation) asks again.
   static_assert(kNumDataTypes <= 16, "one bit per dtype");
@@ -139,7 +129,7 @@ bool Comm::Impl::supports_reduction(Slot& s, DataType dtype, ReduceKind kind, Op
     supported = s.backend->supports_reduction(dtype, kind);
     return Status{};
   });
-  if (!st.is_ok()) throw make_error(type, seq_.load() + 1, st);
+  if (!st.is_ok()) throw op_error(type, seq_.load() + 1, st);
   if (supported) yes.fetch_or(mask, std::memory_order_relaxed);
   known.fetch_or(mask, std::memory_order_relaxed);
   return supported;
@@ -152,18 +142,20 @@ DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::C
         : config_.spec.has(DeviceType::kCpu) ? DeviceType::kCpu
                                              : DeviceType::kCuda;
   }
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   const BackendState state = s.state.load();
-  if (state != BackendState::kReady && state != BackendState::kLazy) [[unlikely]] throw unusable_backend(args.type, t);
+  if (state != BackendState::kReady && state != BackendState::kLazy) [[unlikely]] {
+    throw op_error(args.type, seq_.load() + 1, unusable_backend(t));
+  }
   // Before any plugin call (lazy init, supports_reduction, submit): a buffer
   // on another device would reach the plugin as if it were on the comm's.
   if (s.device.index >= 0) [[unlikely]] {
     if (Status st = internal::check_device(args, s.device, s.plugin->name); !st.is_ok()) {
-      throw make_error(args.type, seq_.load() + 1, st);
+      throw op_error(args.type, seq_.load() + 1, st);
     }
   }
   if (reduces(args.type) && !supports_reduction(s, c.dtype, args.reduce.kind, args.type)) [[unlikely]] {
-    throw make_error(args.type, seq_.load() + 1,
+    throw op_error(args.type, seq_.load() + 1,
                      {ErrorCode::kUnsupported, str::cat("backend '", s.plugin->name, "' does not support ",
                                                         to_string(args.reduce.kind), " on ", to_string(c.dtype))});
   }
@@ -171,7 +163,7 @@ DeviceType Comm::Impl::op_device(const internal::OpArgs& args, const internal::C
 }
 
 plugin::OpDesc Comm::Impl::op_desc(const internal::OpArgs& args, const OpOptions& opts, const internal::Checked& c,
-                                   const Slot& s, uint64_t seq) const {
+                                   const DeviceBackend& s, uint64_t seq) const {
   plugin::OpDesc d;
   d.type = args.type;
   d.seq = seq;
@@ -217,20 +209,19 @@ void Comm::Impl::check_same_args(const trace::OpRecord& r, const internal::OpArg
   }
   const Status st = trace::check_same_args(*recorder_, r, counts, timeout);
   if (st.is_ok()) return;
-  Error e = op_error(r.op, r.seq, st, t);
-  if (!detail::is_fatal(st.code)) trace::dump(*recorder_, e.what());
+  Error e = failed_op(r.op, r.seq, st, t);
+  if (!internal::is_fatal(st.code)) trace::dump(*recorder_, e.what());
   throw e;
 }
 
-[[gnu::cold]] Error Comm::Impl::bad_options(OpType type, const OpOptions& opts) const {
+[[gnu::cold]] Status Comm::Impl::bad_options(OpType type, const OpOptions& opts) const {
   if (opts.tag != 0 && !is_p2p(type)) {
     // Every option takes effect or is rejected: collectives have no tags.
-    return make_error(type, seq_.load() + 1,
-                      {ErrorCode::kInvalidArgument,
-                       str::cat("OpOptions::tag (", opts.tag, ") only applies to send, recv and batch_p2p; ",
-                                plugin::op_name(type), " is a collective and takes no tag")});
+    return {ErrorCode::kInvalidArgument, str::cat("OpOptions::tag (", opts.tag, ") only applies to send, recv and "
+                                                  "batch_p2p; ", plugin::op_name(type),
+                                                  " is a collective and takes no tag")};
   }
-  return make_error(type, seq_.load() + 1, {ErrorCode::kInvalidArgument, "the op timeout must be positive"});
+  return {ErrorCode::kInvalidArgument, "the op timeout must be positive"};
 }
 
 Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
@@ -238,11 +229,15 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   // routed hints, the COMMS_DEBUG=detail exchange) stays off it.
   internal::Checked c;
   Status st = internal::validate(args, config_.rank, config_.size, &c);
-  if (!st.is_ok()) [[unlikely]] throw make_error(args.type, seq_.load() + 1, st);
-  if (opts.tag != 0 && !is_p2p(args.type)) [[unlikely]] throw bad_options(args.type, opts);
+  if (!st.is_ok()) [[unlikely]] throw op_error(args.type, seq_.load() + 1, st);
+  if (opts.tag != 0 && !is_p2p(args.type)) [[unlikely]] {
+    throw op_error(args.type, seq_.load() + 1, bad_options(args.type, opts));
+  }
   const DeviceType t = op_device(args, c);
-  if (opts.timeout && opts.timeout->count() <= 0) [[unlikely]] throw bad_options(args.type, opts);
-  Slot& s = slot(t);
+  if (opts.timeout && opts.timeout->count() <= 0) [[unlikely]] {
+    throw op_error(args.type, seq_.load() + 1, bad_options(args.type, opts));
+  }
+  DeviceBackend& s = device_backend(t);
   // One issuing thread at a time (comm.h): no locked add on every op.
   const uint64_t seq = seq_.load(std::memory_order_relaxed) + 1;
   seq_.store(seq, std::memory_order_relaxed);
@@ -269,23 +264,23 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
       op_hints = std::make_unique<std::array<Hints, kNumDeviceTypes>>(
           internal::route_hints(opts.hints, config_.spec, config_.name));
     } catch (const Error& e) {  // with the op's comm, name, seq and rank
-      throw make_error(args.type, seq, {e.code(), e.what()});
+      throw op_error(args.type, seq, {e.code(), e.what()});
     }
     d.hints = &(*op_hints)[static_cast<size_t>(t)];
   }
 
   std::unique_ptr<plugin::Work> work;
   st = internal::call_plugin(s.plugin->name, "submit", [&] { return s.backend->submit(d, &work); });
-  if (!st.is_ok()) [[unlikely]] fail_op(args.type, seq, st, t);
+  if (!st.is_ok()) [[unlikely]] throw failed_op(args.type, seq, st, t);
   if (!work) {
     recorder_->completed(seq, args.type);
     return Work();
   }
   if (opts.async) {
-    return Work(std::make_shared<detail::WorkState>(shared_from_this(), std::move(work), args.type, seq, t));
+    return Work(std::make_shared<internal::WorkState>(shared_from_this(), std::move(work), args.type, seq, t));
   }
   st = internal::call_plugin(s.plugin->name, "wait", [&] { return work->wait(WaitMode::kStream); });
-  if (!st.is_ok()) [[unlikely]] fail_op(args.type, seq, st, t);
+  if (!st.is_ok()) [[unlikely]] throw failed_op(args.type, seq, st, t);
   recorder_->completed(seq, args.type);
   return Work();
 }

@@ -65,9 +65,9 @@ bool Comm::Impl::shrink_natively(Impl& child, const std::vector<int>& members) {
   for (int i = 0; i < kNumDeviceTypes; ++i) {
     const auto t = static_cast<DeviceType>(i);
     if (!config_.spec.has(t)) continue;
-    Slot& parent = slot(t);
+    DeviceBackend& parent = device_backend(t);
     if (!parent.backend || plugin::abi_minor(parent.plugin->descriptor->abi_version) < 3) return false;
-    Slot& cs = child.slot(t);
+    DeviceBackend& cs = child.device_backend(t);
     cs.plugin = parent.plugin;
     cs.hints = routed[i];
     cs.device = parent.device;

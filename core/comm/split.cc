@@ -65,7 +65,7 @@ BackendSpec Comm::Impl::split_spec(const SplitOptions& opts, const std::string& 
   for (int i = 0; i < kNumDeviceTypes; ++i) {
     const auto t = static_cast<DeviceType>(i);
     if (!child_spec.has(t)) continue;
-    const BackendState st = slot(t).state.load();
+    const BackendState st = device_backend(t).state.load();
     if (st == BackendState::kFailed || st == BackendState::kOffloaded) {
       throw split_error(*this, ErrorCode::kAborted, name,
                         str::cat("the parent's ", to_string(t), " backend is ", to_string(st)));
@@ -105,11 +105,11 @@ void Comm::Impl::split_backends(const Config& child, const std::vector<int>& mem
   for (int i = 0; i < kNumDeviceTypes; ++i) {
     const auto t = static_cast<DeviceType>(i);
     if (!child.spec.has(t)) continue;
-    Slot& parent = slot(t);
+    DeviceBackend& parent = device_backend(t);
     plugin::SplitDesc desc;
     desc.ranks = members;
     if (impl) {
-      Slot& cs = impl->slot(t);
+      DeviceBackend& cs = impl->device_backend(t);
       cs.plugin = parent.plugin;
       cs.hints = routed[i];
       cs.device = parent.device;

@@ -3,7 +3,7 @@
 
 namespace comms {
 
-namespace detail {
+namespace internal {
 
 bool WorkState::is_completed() {
   // Not under mu_: a blocking wait() on another thread holds it until the
@@ -31,7 +31,7 @@ std::optional<Error> WorkState::wait(WaitMode mode) {
   // still be running and may still fail, so the Work stays open.
   if (st.is_ok() && mode == WaitMode::kStream && !plugin_says_completed()) return std::nullopt;
   if (!st.is_ok()) {
-    error_ = comm_->op_error(type_, seq_, st, device_type_);
+    error_ = comm_->failed_op(type_, seq_, st, device_type_);
   } else {
     comm_->recorder().completed(seq_, type_);
   }
@@ -51,7 +51,7 @@ std::string WorkState::error_message() {
   return e ? e->what() : std::string();
 }
 
-}  // namespace detail
+}  // namespace internal
 
 void Work::wait() { wait(WaitMode::kStream); }
 void Work::blocking_wait() { wait(WaitMode::kBlocking); }

@@ -22,7 +22,8 @@ struct Variable {
   const char* description;
 };
 
-// Every variable the library and its tools read, in documentation order.
+// Every variable libcomms and its tools read, in documentation order; each
+// plugin declares its own (PluginDescriptor::env_variables).
 // COMMS_BACKEND_LIB_<NAME> stands for the whole family.
 std::span<const Variable> documented();
 

@@ -120,6 +120,8 @@ std::vector<EnvironmentEntry> environment() {
     if (value && name == "COMMS_STORE_TOKEN") value = "(set, not shown)";
     out.push_back({name, value});
   }
+  // The plugins' own variables, as each declares them.
+  for (const auto& v : internal::PluginRegistry::instance().env_variables()) out.push_back({v.name, env::get(v.name)});
   for (const auto& [name, value] : env::with_prefix("COMMS_BACKEND_LIB_")) out.push_back({name, value});
   return out;
 }

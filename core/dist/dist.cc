@@ -26,17 +26,13 @@ namespace {
 
 // A typed option as its hint. The same setting also given as a raw hint in
 // BackendOptions::hints is an error, not a silent override.
-void put(Hints& h, const char* key, const std::string& value) {
+void put(Hints& h, const std::string& key, const std::string& value) {
   if (auto it = h.find(key); it != h.end()) {
     throw Error(ErrorCode::kInvalidArgument,
                 str::cat("'", key, "' is given both as a typed option (", value, ") and as a hint (", it->second,
                          "); give it once"));
   }
   h[key] = value;
-}
-
-void add(Hints& h, const char* key, const std::optional<int>& v) {
-  if (v) put(h, key, std::to_string(*v));
 }
 
 std::string qualified_filter(const BackendSpec& parent, const std::string& requested,
@@ -64,22 +60,15 @@ Route route_from_environment() {
 
 Hints to_hints(const BackendOptions& o) {
   Hints h = o.hints;
-  if (o.nccl.is_high_priority_stream) put(h, "nccl.high_priority_stream", *o.nccl.is_high_priority_stream ? "1" : "0");
-  add(h, "nccl.cga_cluster_size", o.nccl.cga_cluster_size);
-  add(h, "nccl.min_ctas", o.nccl.min_ctas);
-  add(h, "nccl.max_ctas", o.nccl.max_ctas);
-  if (o.nccl.net_name) put(h, "nccl.net_name", *o.nccl.net_name);
-  add(h, "nccl.split_share", o.nccl.split_share);
-  add(h, "nccl.traffic_class", o.nccl.traffic_class);
-  add(h, "nccl.collnet_enable", o.nccl.collnet_enable);
-  add(h, "nccl.cta_policy", o.nccl.cta_policy);
-  add(h, "nccl.shrink_share", o.nccl.shrink_share);
-  add(h, "nccl.nvls_ctas", o.nccl.nvls_ctas);
-  add(h, "nccl.nchannels_per_net_peer", o.nccl.nchannels_per_net_peer);
-  add(h, "nccl.nvlink_centric_sched", o.nccl.nvlink_centric_sched);
-  if (o.gloo.interface) put(h, "gloo.interface", *o.gloo.interface);
-  if (o.gloo.hostname) put(h, "gloo.hostname", *o.gloo.hostname);
-  if (o.gloo.busy_poll) put(h, "gloo.busy_poll", *o.gloo.busy_poll ? "1" : "0");
+  for (const OptionSpelling& row : kOptionSpellings) {
+    const std::optional<OptionValue> v = row.get(o);
+    if (!v) continue;
+    std::string text;
+    if (const bool* b = std::get_if<bool>(&*v)) text = *b ? "1" : "0";
+    else if (const int* i = std::get_if<int>(&*v)) text = std::to_string(*i);
+    else text = std::get<std::string>(*v);
+    put(h, std::string(row.hint), text);
+  }
   return h;
 }
 

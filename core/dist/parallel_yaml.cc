@@ -45,19 +45,33 @@ std::string key_of(const YAML::Node& key, const std::string& where, std::set<std
   return name;
 }
 
-GlooOptions parse_gloo(const YAML::Node& node, const std::string& where) {
-  if (!node.IsMap()) invalid(where + at(node), "expected a map of interface, hostname, busy_poll");
-  GlooOptions g;
+// The names of `backend`'s options, for errors.
+std::string option_names(std::string_view backend) {
+  std::string names;
+  for (const OptionSpelling& row : kOptionSpellings) {
+    if (row.backend() == backend) names += str::cat(names.empty() ? "" : ", ", row.name);
+  }
+  return names;
+}
+
+// Sets `row`'s field of `o` from the node, checked against its type.
+void set_option(const OptionSpelling& row, const YAML::Node& value, const std::string& here, BackendOptions& o) {
+  switch (row.type) {
+    case OptionType::kBool: row.set(o, scalar<bool>(value, here, "a boolean")); break;
+    case OptionType::kInt: row.set(o, scalar<int>(value, here, "an integer")); break;
+    case OptionType::kString: row.set(o, scalar<std::string>(value, here, "a string")); break;
+  }
+}
+
+void parse_gloo(const YAML::Node& node, const std::string& where, BackendOptions& o) {
+  if (!node.IsMap()) invalid(where + at(node), str::cat("expected a map of ", option_names("gloo")));
   std::set<std::string> seen;
   for (const auto& kv : node) {
     const std::string key = key_of(kv.first, where, seen);
-    const std::string here = str::cat(where, ".", key);
-    if (key == "interface") g.interface = scalar<std::string>(kv.second, here, "a string");
-    else if (key == "hostname") g.hostname = scalar<std::string>(kv.second, here, "a string");
-    else if (key == "busy_poll") g.busy_poll = scalar<bool>(kv.second, here, "a boolean");
-    else invalid(here + at(kv.first), "unknown key; gloo keys are interface, hostname, busy_poll");
+    const OptionSpelling* row = find_option("gloo", key);
+    if (!row) invalid(str::cat(where, ".", key) + at(kv.first), str::cat("unknown key; gloo keys are ", option_names("gloo")));
+    set_option(*row, kv.second, str::cat(where, ".", key), o);
   }
-  return g;
 }
 
 BackendOptions parse_group(const YAML::Node& node, const std::string& group) {
@@ -69,22 +83,19 @@ BackendOptions parse_group(const YAML::Node& node, const std::string& group) {
   for (const auto& kv : node) {
     const std::string key = key_of(kv.first, where, seen);
     const std::string here = str::cat(" '", group, ".", key, "'");
-    if (key == "cga_cluster_size") o.nccl.cga_cluster_size = scalar<int>(kv.second, here, "an integer");
-    else if (key == "max_ctas") o.nccl.max_ctas = scalar<int>(kv.second, here, "an integer");
-    else if (key == "min_ctas") o.nccl.min_ctas = scalar<int>(kv.second, here, "an integer");
-    else if (key == "is_high_priority_stream") o.nccl.is_high_priority_stream = scalar<bool>(kv.second, here, "a boolean");
-    else if (key == "net_name") {
-      const std::string v = scalar<std::string>(kv.second, here, "a string");
+    if (key == "gloo") {
+      parse_gloo(kv.second, here, o);
+      continue;
+    }
+    const OptionSpelling* row = find_option("nccl", key);
+    if (!row) invalid(here + at(kv.first), str::cat("unknown key; keys are ", option_names("nccl"), ", gloo"));
+    set_option(*row, kv.second, here, o);
+    if (key == "net_name") {
       // As Megatron: NCCL's network plugins are named IB and Socket.
+      const std::string v = *o.nccl.net_name;
       if (str::lower(v) != "ib" && str::lower(v) != "socket") {
         invalid(here + at(kv.second), str::cat("net_name '", v, "' is not supported; accepted: IB, Socket"));
       }
-      o.nccl.net_name = v;
-    } else if (key == "gloo") {
-      o.gloo = parse_gloo(kv.second, here);
-    } else {
-      invalid(here + at(kv.first),
-              "unknown key; keys are cga_cluster_size, max_ctas, min_ctas, net_name, is_high_priority_stream, gloo");
     }
   }
   return o;

@@ -269,6 +269,18 @@ std::vector<DiscoveredPlugin> PluginRegistry::discover() {
   return out;
 }
 
+std::vector<PluginVariable> PluginRegistry::env_variables() {
+  std::vector<PluginVariable> out;
+  for (const auto& p : discover()) {
+    if (!p.descriptor || !p.descriptor->env_variables) continue;
+    for (const plugin::EnvVariable* v = p.descriptor->env_variables; v->name; ++v) {
+      const bool seen = std::any_of(out.begin(), out.end(), [&](const auto& o) { return o.name == v->name; });
+      if (!seen) out.push_back({p.name, v->name, v->default_value ? v->default_value : "", v->description ? v->description : ""});
+    }
+  }
+  return out;
+}
+
 namespace {
 
 PluginCapabilities capabilities_from(const std::string& name, const plugin::PluginDescriptor& d,

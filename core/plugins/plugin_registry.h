@@ -45,6 +45,14 @@ struct DiscoveredPlugin {
   std::string error;                                      // why loading failed
 };
 
+// An environment variable a plugin declares (PluginDescriptor::env_variables).
+struct PluginVariable {
+  std::string plugin;
+  std::string name;
+  std::string default_value;
+  std::string description;
+};
+
 class PluginRegistry {
  public:
   static PluginRegistry& instance();
@@ -57,6 +65,10 @@ class PluginRegistry {
   // Every plugin in the search path, loaded; failures reported, not thrown.
   // For listings (comms-info): a job's process opens only what it names.
   std::vector<DiscoveredPlugin> discover();
+
+  // The variables every loadable plugin declares, by plugin name, each once:
+  // discover()'s plugins, so every one is opened.
+  std::vector<PluginVariable> env_variables();
 
   // The backend names the plugin files found provide, sorted, without
   // opening any: for the "available backends" of an error.

@@ -41,7 +41,7 @@ void read_pair(int64_t* tick, int64_t* ns) {
 
 }  // namespace
 
-namespace detail {
+namespace internal {
 
 TickClock g_tick_clock;
 
@@ -60,11 +60,11 @@ void start_tick_clock() {
   (void)started;
 }
 
-}  // namespace detail
+}  // namespace internal
 
 TicksToNs::TicksToNs() {
-  detail::start_tick_clock();
-  const detail::TickClock& c = detail::g_tick_clock;
+  internal::start_tick_clock();
+  const internal::TickClock& c = internal::g_tick_clock;
   tsc_ = c.tsc;
 #if defined(__x86_64__)
   if (!tsc_) return;
@@ -88,28 +88,28 @@ size_t configured_capacity() {
 }
 
 namespace {
-size_t ring_slots(size_t capacity) { return capacity ? std::bit_ceil(capacity) : 0; }
+size_t ring_entries(size_t capacity) { return capacity ? std::bit_ceil(capacity) : 0; }
 }  // namespace
 
 Recorder::Recorder(CommInfo info, size_t capacity)
     : info_(std::move(info)),
       capacity_(capacity),
-      mask_(capacity ? ring_slots(capacity) - 1 : 0),
-      slots_(capacity ? new Slot[ring_slots(capacity)] : nullptr) {
-  detail::start_tick_clock();
+      mask_(capacity ? ring_entries(capacity) - 1 : 0),
+      entries_(capacity ? new Entry[ring_entries(capacity)] : nullptr) {
+  internal::start_tick_clock();
 }
 
-Recorder::Slot* Recorder::slot_of(uint64_t seq) const {
+Recorder::Entry* Recorder::entry_of(uint64_t seq) const {
   if (capacity_ == 0) return nullptr;
-  return &slots_[seq & mask_];
+  return &entries_[seq & mask_];
 }
 
 void Recorder::issued(const OpRecord& r, int64_t at, bool started) {
   last_entered_.store(r.seq, std::memory_order_relaxed);
   last_entered_op_.store(static_cast<uint8_t>(r.op), std::memory_order_relaxed);
-  Slot* s = slot_of(r.seq);
+  Entry* s = entry_of(r.seq);
   if (!s) return;
-  s->seq.store(0, std::memory_order_relaxed);  // readers skip the slot while it changes
+  s->seq.store(0, std::memory_order_relaxed);  // readers skip the entry while it changes
   std::atomic_thread_fence(std::memory_order_release);
   s->count.store(r.count, std::memory_order_relaxed);
   s->kinds.store(static_cast<uint32_t>(r.op) | static_cast<uint32_t>(r.dtype) << 8 |
@@ -127,7 +127,7 @@ void Recorder::issued(const OpRecord& r, int64_t at, bool started) {
 }
 
 void Recorder::started(uint64_t seq) {
-  Slot* s = slot_of(seq);
+  Entry* s = entry_of(seq);
   if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
   s->started.store(ticks(), std::memory_order_relaxed);
   s->state.store(static_cast<uint8_t>(OpState::kStarted), std::memory_order_release);
@@ -139,7 +139,7 @@ void Recorder::completed(uint64_t seq, plugin::OpType op) {
   while (prev < seq && !last_completed_.compare_exchange_weak(prev, seq, std::memory_order_relaxed)) {
   }
   if (prev < seq) last_completed_op_.store(static_cast<uint8_t>(op), std::memory_order_relaxed);
-  Slot* s = slot_of(seq);
+  Entry* s = entry_of(seq);
   if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
   const int64_t now = ticks();
   if (s->started.load(std::memory_order_relaxed) == 0) s->started.store(now, std::memory_order_relaxed);
@@ -148,7 +148,7 @@ void Recorder::completed(uint64_t seq, plugin::OpType op) {
 }
 
 void Recorder::failed(uint64_t seq, ErrorCode code, int peer) {
-  Slot* s = slot_of(seq);
+  Entry* s = entry_of(seq);
   if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
   s->ended.store(ticks(), std::memory_order_relaxed);
   s->error.store(static_cast<uint8_t>(code), std::memory_order_relaxed);
@@ -156,7 +156,7 @@ void Recorder::failed(uint64_t seq, ErrorCode code, int peer) {
   s->state.store(static_cast<uint8_t>(OpState::kFailed), std::memory_order_release);
 }
 
-bool Recorder::read(const Slot& s, const TicksToNs& to_ns, OpRecord* out) const {
+bool Recorder::read(const Entry& s, const TicksToNs& to_ns, OpRecord* out) const {
   const uint64_t seq = s.seq.load(std::memory_order_acquire);
   if (seq == 0) return false;
   OpRecord r;
@@ -193,14 +193,14 @@ std::vector<OpRecord> Recorder::snapshot() const {
   const TicksToNs to_ns;
   for (uint64_t seq = first; seq <= last; ++seq) {
     OpRecord r;
-    if (read(*slot_of(seq), to_ns, &r) && r.seq == seq) out.push_back(r);
+    if (read(*entry_of(seq), to_ns, &r) && r.seq == seq) out.push_back(r);
   }
   return out;
 }
 
 bool Recorder::find(uint64_t seq, OpRecord* out) const {
   if (seq == 0 || capacity_ == 0) return false;
-  return read(*slot_of(seq), TicksToNs(), out) && out->seq == seq;
+  return read(*entry_of(seq), TicksToNs(), out) && out->seq == seq;
 }
 
 std::string Recorder::to_json(const std::string& reason) const {

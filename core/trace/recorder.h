@@ -1,8 +1,8 @@
 // The flight recorder: the last N ops of one comm in a fixed ring, written on
 // the hot path without locks or allocation, read by dumps from any thread.
-// An op's slot is seq % N, so no index needs claiming; each slot's seq is
+// An op's entry is seq % N, so no index needs claiming; each entry's seq is
 // stored last (release) and checked again after a read, so a dump skips a
-// slot that is being rewritten instead of reporting a torn entry.
+// entry that is being rewritten instead of reporting a torn one.
 #pragma once
 
 #include <atomic>
@@ -22,7 +22,7 @@ std::string_view to_string(OpState s);
 
 // What the ring keeps of one op, as a plain copy.
 struct OpRecord {
-  uint64_t seq = 0;  // 0: empty slot
+  uint64_t seq = 0;  // 0: empty entry
   plugin::OpType op = plugin::OpType::kAllReduce;
   DataType dtype = DataType::kFloat32;
   ReduceKind reduction = ReduceKind::kSum;
@@ -57,7 +57,7 @@ inline int64_t now_ns() {
 // Elsewhere it is now_ns(). A record is turned into steady_clock
 // nanoseconds only when it is read (ticks_to_ns), so every reader of the
 // ring sees now_ns()'s time base.
-namespace detail {
+namespace internal {
 struct TickClock {
   bool tsc = false;
   int64_t tick0 = 0, ns0 = 0;  // one reading of both, for the conversion
@@ -66,11 +66,11 @@ struct TickClock {
 // whoever holds a recorder reads it without a guard.
 extern TickClock g_tick_clock;
 void start_tick_clock();
-}  // namespace detail
+}  // namespace internal
 
 inline int64_t ticks() {
 #if defined(__x86_64__)
-  if (detail::g_tick_clock.tsc) return static_cast<int64_t>(__builtin_ia32_rdtsc());
+  if (internal::g_tick_clock.tsc) return static_cast<int64_t>(__builtin_ia32_rdtsc());
 #endif
   return now_ns();
 }
@@ -97,7 +97,7 @@ class Recorder {
   Recorder& operator=(const Recorder&) = delete;
 
   // r's fields but its times; `at` (of ticks()) is the issue time, and with
-  // `started` the start time too (one write of the slot).
+  // `started` the start time too (one write of the entry).
   void issued(const OpRecord& r, int64_t at, bool started = false);
   void issued(const OpRecord& r) { issued(r, capacity_ ? ticks() : 0); }
   void started(uint64_t seq);
@@ -105,7 +105,7 @@ class Recorder {
   void completed(uint64_t seq, plugin::OpType op);
   void failed(uint64_t seq, ErrorCode code, int peer);
 
-  // Every live slot, oldest first (torn slots skipped).
+  // Every live entry, oldest first (torn entries skipped).
   std::vector<OpRecord> snapshot() const;
   // The op recorded under `seq`, if the ring still holds it.
   bool find(uint64_t seq, OpRecord* out) const;
@@ -124,7 +124,7 @@ class Recorder {
   std::string to_json(const std::string& reason) const;
 
  private:
-  struct Slot {
+  struct Entry {
     std::atomic<uint64_t> seq{0};
     std::atomic<uint64_t> count{0};
     std::atomic<uint32_t> kinds{0};  // op, dtype, reduction, device (a byte each)
@@ -132,15 +132,15 @@ class Recorder {
     std::atomic<int64_t> issued{0}, started{0}, ended{0};  // ticks()
     std::atomic<uint8_t> async{0}, state{0}, error{0};
   };
-  Slot* slot_of(uint64_t seq) const;
-  bool read(const Slot& s, const TicksToNs& to_ns, OpRecord* out) const;
+  Entry* entry_of(uint64_t seq) const;
+  bool read(const Entry& s, const TicksToNs& to_ns, OpRecord* out) const;
 
   CommInfo info_;
   size_t capacity_;
-  // The ring holds a power of two >= capacity_ slots: an op's slot is
+  // The ring holds a power of two >= capacity_ entries: an op's entry is
   // seq & mask_, not a division on every op. Dumps still show capacity_.
   uint64_t mask_ = 0;
-  std::unique_ptr<Slot[]> slots_;
+  std::unique_ptr<Entry[]> entries_;
   std::atomic<uint64_t> last_entered_{0};
   std::atomic<uint64_t> last_completed_{0};
   std::atomic<uint8_t> last_entered_op_{0}, last_completed_op_{0};

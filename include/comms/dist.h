@@ -23,6 +23,9 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "comms/comm.h"
@@ -37,10 +40,10 @@ COMMS_API std::string_view to_string(Route r);
 COMMS_API Route route_from_environment();
 
 // NCCL communicator options, as Megatron and torch.distributed name them.
-// Each set field becomes one NCCL hint; unset fields keep NCCL's default.
-// The NCCL plugin's key table (backends/nccl/nccl_hints.h) owns the keys: a
-// test (tests/unit/nccl_options_test.cc) fails when a plugin key has no field
-// here or a field no key (blocking and comm_name are fixed by the plugin).
+// Each set field becomes one NCCL hint (kOptionSpellings below); unset fields
+// keep NCCL's default. A test (tests/unit/nccl_options_test.cc) fails when
+// the NCCL plugin accepts a key no field becomes, or a field becomes a key
+// the plugin does not accept (blocking and comm_name are fixed by the plugin).
 struct NcclOptions {
   std::optional<bool> is_high_priority_stream;
   std::optional<int> cga_cluster_size;
@@ -72,12 +75,85 @@ struct BackendOptions {
   friend bool operator==(const BackendOptions&, const BackendOptions&) = default;
 };
 
+// One typed option: the name torch and Megatron give it (also its field's
+// name), the hint it becomes, prefixed with its backend ("nccl", "gloo") so
+// it is never routed to another, and access to its field.
+enum class OptionType : uint8_t { kBool, kInt, kString };
+using OptionValue = std::variant<bool, int, std::string>;  // index == OptionType
+struct OptionSpelling {
+  std::string_view name;
+  std::string_view hint;
+  OptionType type;
+  std::optional<OptionValue> (*get)(const BackendOptions&);
+  void (*set)(BackendOptions&, OptionValue);  // holds `type`, else std::bad_variant_access
+  constexpr std::string_view backend() const { return hint.substr(0, hint.find('.')); }
+};
+
+}  // namespace comms::dist
+
+// The table's rows, built from a field's member pointers.
+namespace comms::internal {
+template <class Field>
+struct OptionField;
+template <class Options, class T>
+struct OptionField<std::optional<T> Options::*> {
+  using type = T;
+};
+template <auto Group, auto Field>
+constexpr dist::OptionSpelling option(std::string_view name, std::string_view hint) {
+  using T = typename OptionField<decltype(Field)>::type;
+  constexpr dist::OptionType type = std::is_same_v<T, bool>  ? dist::OptionType::kBool
+                                    : std::is_same_v<T, int> ? dist::OptionType::kInt
+                                                             : dist::OptionType::kString;
+  return {name, hint, type,
+          [](const dist::BackendOptions& o) -> std::optional<dist::OptionValue> {
+            const std::optional<T>& v = o.*Group.*Field;
+            if (!v) return std::nullopt;
+            return dist::OptionValue(std::in_place_type<T>, *v);
+          },
+          [](dist::BackendOptions& o, dist::OptionValue v) { o.*Group.*Field = std::get<T>(std::move(v)); }};
+}
+}  // namespace comms::internal
+
+namespace comms::dist {
+
+// The one table of option spellings. to_hints, parse_communicator_config
+// (parallel.h), the Python bindings (comms.dist.option_spellings) and
+// comms.torch.Options read it: a new knob is a field above and a row here
+// (and the key in its plugin).
+inline constexpr OptionSpelling kOptionSpellings[] = {
+    internal::option<&BackendOptions::nccl, &NcclOptions::is_high_priority_stream>("is_high_priority_stream",
+                                                                                  "nccl.high_priority_stream"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::cga_cluster_size>("cga_cluster_size", "nccl.cga_cluster_size"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::min_ctas>("min_ctas", "nccl.min_ctas"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::max_ctas>("max_ctas", "nccl.max_ctas"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::net_name>("net_name", "nccl.net_name"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::split_share>("split_share", "nccl.split_share"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::traffic_class>("traffic_class", "nccl.traffic_class"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::collnet_enable>("collnet_enable", "nccl.collnet_enable"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::cta_policy>("cta_policy", "nccl.cta_policy"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::shrink_share>("shrink_share", "nccl.shrink_share"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::nvls_ctas>("nvls_ctas", "nccl.nvls_ctas"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::nchannels_per_net_peer>("nchannels_per_net_peer",
+                                                                                 "nccl.nchannels_per_net_peer"),
+    internal::option<&BackendOptions::nccl, &NcclOptions::nvlink_centric_sched>("nvlink_centric_sched",
+                                                                               "nccl.nvlink_centric_sched"),
+    internal::option<&BackendOptions::gloo, &GlooOptions::interface>("interface", "gloo.interface"),
+    internal::option<&BackendOptions::gloo, &GlooOptions::hostname>("hostname", "gloo.hostname"),
+    internal::option<&BackendOptions::gloo, &GlooOptions::busy_poll>("busy_poll", "gloo.busy_poll"),
+};
+
+// The row of `backend`'s option `name`, or null.
+constexpr const OptionSpelling* find_option(std::string_view backend, std::string_view name) {
+  for (const OptionSpelling& o : kOptionSpellings) {
+    if (o.name == name && o.backend() == backend) return &o;
+  }
+  return nullptr;
+}
+
 // The one translation from typed options to hints, used by both routes:
-// is_high_priority_stream -> nccl.high_priority_stream, cga_cluster_size ->
-// nccl.cga_cluster_size, ..., gloo.interface, gloo.hostname, gloo.busy_poll.
-// Lossless: every set field becomes exactly one key, prefixed with its
-// backend so it can never be routed to another. A field also given as a raw
-// hint (options.hints) throws kInvalidArgument naming the key.
+// every set field becomes exactly one key, its row's hint. A field also
+// given as a raw hint (options.hints) throws kInvalidArgument naming the key.
 COMMS_API Hints to_hints(const BackendOptions& options);
 
 struct InitOptions {

@@ -67,8 +67,9 @@ struct EnvironmentEntry {
   std::optional<std::string> value;  // nullopt: unset; secrets read "(set, not shown)"
 };
 
-// Every documented variable (docs/ENVIRONMENT.md), then each set
-// COMMS_BACKEND_LIB_<NAME>.
+// Every documented variable (docs/ENVIRONMENT.md): libcomms' own, then those
+// each plugin found declares (PluginDescriptor::env_variables; this opens
+// every plugin, as comms-info does), then each set COMMS_BACKEND_LIB_<NAME>.
 COMMS_API std::vector<EnvironmentEntry> environment();
 
 }  // namespace comms

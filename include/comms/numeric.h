@@ -64,7 +64,7 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-namespace detail {
+namespace internal {
 
 // A minifloat with kExp exponent bits and kMan mantissa bits. e4m3 is the
 // "fn" variant: no infinities, 0x7f/0xff are NaN, largest finite is 448.
@@ -123,10 +123,10 @@ struct Minifloat {
   }
 };
 
-}  // namespace detail
+}  // namespace internal
 
-using E4M3 = detail::Minifloat<4, 3, false>;
-using E5M2 = detail::Minifloat<5, 2, true>;
+using E4M3 = internal::Minifloat<4, 3, false>;
+using E5M2 = internal::Minifloat<5, 2, true>;
 
 inline float fp8_e4m3_to_float(uint8_t v) { return E4M3::decode(v); }
 inline uint8_t float_to_fp8_e4m3(float f) { return E4M3::encode(f); }

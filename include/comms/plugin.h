@@ -85,11 +85,12 @@
 // 2.0: the first growable ABI (1 had no struct_size and no minor).
 // 2.1: PluginDescriptor::capabilities.
 // 2.2: registered buffers (Backend::register_buffer/deregister_buffer,
-//      PluginDescriptor::features, mem_alloc, mem_free; issue 27).
+//      PluginDescriptor::features, mem_alloc, mem_free).
 // 2.3: Backend::shrink (elastic recovery; see the block marked ABI 2.3 below).
 // 2.4: Backend::revoke (elastic recovery; see the block marked ABI 2.4 below).
+// 2.5: PluginDescriptor::env_variables.
 #define COMMS_PLUGIN_ABI_MAJOR 2u
-#define COMMS_PLUGIN_ABI_MINOR 4u
+#define COMMS_PLUGIN_ABI_MINOR 5u
 #define COMMS_PLUGIN_ABI_VERSION ((COMMS_PLUGIN_ABI_MAJOR << 16) | COMMS_PLUGIN_ABI_MINOR)
 #define COMMS_PLUGIN_ENTRY_SYMBOL "comms_plugin_entry"
 // Put on comms_plugin_entry: plugins are built with hidden visibility.
@@ -306,6 +307,14 @@ struct Capabilities {
   uint32_t reductions = kAllReductions;  // reduce_bit(ReduceKind) of each reduction
 };
 
+// An environment variable a plugin reads (PluginDescriptor::env_variables):
+// comms-info shows it beside libcomms' own, and docs/ENVIRONMENT.md lists it.
+struct EnvVariable {
+  const char* name;
+  const char* default_value;  // as text; "" when unset means "not used"
+  const char* description;
+};
+
 // Plain C data, read by libcomms through the prefix the plugin's struct_size
 // covers. New entries are only ever appended (with a minor bump).
 struct PluginDescriptor {
@@ -342,6 +351,12 @@ struct PluginDescriptor {
   Status (*mem_alloc)(Device device, size_t bytes, void** ptr) = nullptr;
   Status (*mem_free)(Device device, void* ptr) = nullptr;
   // ---- end of ABI 2.2 ----
+
+  // ---- ABI 2.5: environment variables ----
+  // Every variable the plugin reads, ended by an entry whose name is null;
+  // absent (null): none. Read through comms/env.h.
+  const EnvVariable* env_variables = nullptr;
+  // ---- end of ABI 2.5 ----
 
   // Append new entries here.
 };

@@ -27,7 +27,7 @@
 
 namespace comms {
 
-namespace detail {
+namespace internal {
 struct Registration;
 }
 
@@ -35,7 +35,7 @@ class COMMS_API RegisteredBuffer {
  public:
   RegisteredBuffer();
   // Made by register_buffer().
-  COMMS_LOCAL explicit RegisteredBuffer(std::shared_ptr<detail::Registration> state);
+  COMMS_LOCAL explicit RegisteredBuffer(std::shared_ptr<internal::Registration> state);
   ~RegisteredBuffer();  // deregisters; never throws (failures are logged)
   RegisteredBuffer(RegisteredBuffer&&) noexcept;
   RegisteredBuffer& operator=(RegisteredBuffer&&) noexcept;
@@ -51,7 +51,7 @@ class COMMS_API RegisteredBuffer {
   BufferView buffer() const;
 
  private:
-  std::shared_ptr<detail::Registration> state_;
+  std::shared_ptr<internal::Registration> state_;
 };
 
 // Whether the comm's backend for `type` can register buffers.

@@ -11,7 +11,7 @@
 
 namespace comms {
 
-namespace detail {
+namespace internal {
 class WorkState;
 }
 
@@ -19,7 +19,7 @@ class COMMS_API Work {
  public:
   // A completed, successful work (what synchronous calls return).
   Work() = default;
-  explicit Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
+  explicit Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
 
   // Waits for the op and throws its comms::Error if it failed. For CUDA ops
   // the caller's stream waits for the op (WaitMode::kStream); blocking_wait()
@@ -35,7 +35,7 @@ class COMMS_API Work {
 
  private:
   void wait(WaitMode mode);
-  std::shared_ptr<detail::WorkState> state_;
+  std::shared_ptr<internal::WorkState> state_;
 };
 
 }  // namespace comms

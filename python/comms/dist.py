@@ -15,6 +15,7 @@ destroy_process_group = _dist.destroy_process_group
 groups = _dist.groups
 route_from_environment = _dist.route_from_environment
 to_hints = _dist.to_hints
+option_spellings = _dist.option_spellings
 offload_groups = _dist.offload_groups
 reload_groups = _dist.reload_groups
 shutdown = _dist.shutdown
@@ -33,5 +34,5 @@ def _forward_to_comm(group, name):
 Group.__getattr__ = _forward_to_comm
 
 __all__ = ["Group", "init_process_group", "is_initialized", "world", "new_group", "split_group",
-           "destroy_process_group", "groups", "route_from_environment", "to_hints", "offload_groups",
-           "reload_groups", "shutdown", "recover"]
+           "destroy_process_group", "groups", "route_from_environment", "to_hints", "option_spellings",
+           "offload_groups", "reload_groups", "shutdown", "recover"]

@@ -10,57 +10,18 @@ namespace {
 
 namespace dist = comms::dist;
 
-// The NCCL fields by the names Megatron's YAML and torch use.
-struct IntField {
-  const char* name;
-  std::optional<int> dist::NcclOptions::*field;
-};
-constexpr IntField kNcclIntFields[] = {
-    {"cga_cluster_size", &dist::NcclOptions::cga_cluster_size},
-    {"min_ctas", &dist::NcclOptions::min_ctas},
-    {"max_ctas", &dist::NcclOptions::max_ctas},
-    {"split_share", &dist::NcclOptions::split_share},
-    {"traffic_class", &dist::NcclOptions::traffic_class},
-    {"collnet_enable", &dist::NcclOptions::collnet_enable},
-    {"cta_policy", &dist::NcclOptions::cta_policy},
-    {"shrink_share", &dist::NcclOptions::shrink_share},
-    {"nvls_ctas", &dist::NcclOptions::nvls_ctas},
-    {"nchannels_per_net_peer", &dist::NcclOptions::nchannels_per_net_peer},
-    {"nvlink_centric_sched", &dist::NcclOptions::nvlink_centric_sched},
-};
-
-dist::NcclOptions nccl_options_of(const py::dict& d) {
-  dist::NcclOptions o;
+// options["nccl"] or options["gloo"], by the names of dist::kOptionSpellings.
+void section_options_of(const std::string& backend, const py::dict& d, dist::BackendOptions& o) {
   for (auto [key, value] : d) {
     const std::string k = key.cast<std::string>();
-    if (k == "is_high_priority_stream") {
-      o.is_high_priority_stream = value.cast<bool>();
-    } else if (k == "net_name") {
-      o.net_name = value.cast<std::string>();
-    } else {
-      bool known = false;
-      for (const IntField& f : kNcclIntFields) {
-        if (k == f.name) {
-          o.*f.field = value.cast<int>();
-          known = true;
-        }
-      }
-      if (!known) throw py::value_error("options['nccl']: unknown key '" + k + "'");
+    const dist::OptionSpelling* row = dist::find_option(backend, k);
+    if (!row) throw py::value_error("options['" + backend + "']: unknown key '" + k + "'");
+    switch (row->type) {
+      case dist::OptionType::kBool: row->set(o, value.cast<bool>()); break;
+      case dist::OptionType::kInt: row->set(o, value.cast<int>()); break;
+      case dist::OptionType::kString: row->set(o, value.cast<std::string>()); break;
     }
   }
-  return o;
-}
-
-dist::GlooOptions gloo_options_of(const py::dict& d) {
-  dist::GlooOptions o;
-  for (auto [key, value] : d) {
-    const std::string k = key.cast<std::string>();
-    if (k == "interface") o.interface = value.cast<std::string>();
-    else if (k == "hostname") o.hostname = value.cast<std::string>();
-    else if (k == "busy_poll") o.busy_poll = value.cast<bool>();
-    else throw py::value_error("options['gloo']: unknown key '" + k + "'");
-  }
-  return o;
 }
 
 // {"nccl": {...}, "gloo": {...}, "hints": {...}} -> BackendOptions.
@@ -69,8 +30,7 @@ dist::BackendOptions backend_options_of(const std::optional<py::dict>& maybe) {
   if (!maybe) return o;
   for (auto [key, value] : *maybe) {
     const std::string k = key.cast<std::string>();
-    if (k == "nccl") o.nccl = nccl_options_of(value.cast<py::dict>());
-    else if (k == "gloo") o.gloo = gloo_options_of(value.cast<py::dict>());
+    if (k == "nccl" || k == "gloo") section_options_of(k, value.cast<py::dict>(), o);
     else if (k == "hints") o.hints = value.cast<comms::Hints>();
     else throw py::value_error("options: unknown key '" + k + "' (nccl, gloo, hints)");
   }
@@ -79,14 +39,12 @@ dist::BackendOptions backend_options_of(const std::optional<py::dict>& maybe) {
 
 py::dict backend_options_to_dict(const dist::BackendOptions& o) {
   py::dict nccl, gloo;
-  if (o.nccl.is_high_priority_stream) nccl["is_high_priority_stream"] = *o.nccl.is_high_priority_stream;
-  if (o.nccl.net_name) nccl["net_name"] = *o.nccl.net_name;
-  for (const IntField& f : kNcclIntFields) {
-    if (o.nccl.*f.field) nccl[f.name] = *(o.nccl.*f.field);
+  for (const dist::OptionSpelling& row : dist::kOptionSpellings) {
+    const std::optional<dist::OptionValue> v = row.get(o);
+    if (!v) continue;
+    py::dict& section = row.backend() == "nccl" ? nccl : gloo;
+    section[py::str(std::string(row.name))] = std::visit([](const auto& x) { return py::cast(x); }, *v);
   }
-  if (o.gloo.interface) gloo["interface"] = *o.gloo.interface;
-  if (o.gloo.hostname) gloo["hostname"] = *o.gloo.hostname;
-  if (o.gloo.busy_poll) gloo["busy_poll"] = *o.gloo.busy_poll;
   py::dict d;
   d["nccl"] = nccl;
   d["gloo"] = gloo;
@@ -194,6 +152,19 @@ void bind_groups(py::module_& m) {
   }, py::arg("group") = py::none(), "One group, or (no argument) the world and every group.");
   m.def("groups", &dist::groups);
   m.def("route_from_environment", [] { return std::string(dist::to_string(dist::route_from_environment())); });
+  m.def(
+      "option_spellings",
+      [] {
+        py::dict d;
+        for (const dist::OptionSpelling& row : dist::kOptionSpellings) {
+          static constexpr const char* kTypes[] = {"bool", "int", "str"};
+          d[py::str(std::string(row.name))] = py::make_tuple(std::string(row.backend()), kTypes[static_cast<int>(row.type)],
+                                                           std::string(row.hint));
+        }
+        return d;
+      },
+      "{name: (backend, type, hint)}: every typed option as torch and Megatron spell it, the type its value "
+      "takes ('bool', 'int', 'str') and the hint it becomes (comms::dist::kOptionSpellings)");
   m.def("to_hints", [](const py::dict& options) { return dist::to_hints(backend_options_of(options)); },
         py::arg("options"));
 }

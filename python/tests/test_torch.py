@@ -2,6 +2,7 @@
 checked by value at 1, 2 and 4 ranks over cpu:gloo and cpu:ucx, groups and
 options at 4 ranks on both COMMS_ROUTE values, DDP against torch's gloo, a
 killed rank. One commsrun job per configuration runs a rank script."""
+import json
 import os
 import re
 import subprocess
@@ -60,6 +61,35 @@ def test_import_registers_the_backend_once():
     proc = subprocess.run([PYTHON, "-c", code], env=job_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["comms", "True"]
+
+
+def test_options_take_every_knob_of_comms_dist_table_and_give_its_hint():
+    # comms.torch.Options reads comms.dist.option_spellings(), the C++ table:
+    # every name there is an option here, of its type, and becomes its hint.
+    code = ("import json, comms.dist, comms.torch as t\n"
+            "sample = {'int': 3, 'bool': True, 'str': 'IB'}\n"
+            "out = {}\n"
+            "for name, (backend, kind, hint) in comms.dist.option_spellings().items():\n"
+            "    o = t.Options(**{name: sample[kind]})\n"
+            "    try:\n"
+            "        t.Options(**{name: 'x' if kind != 'str' else 3})\n"
+            "        wrong = 'accepted'\n"
+            "    except ValueError:\n"
+            "        wrong = 'refused'\n"
+            "    out[name] = [backend, hint, o.to_hints(), getattr(o, name), wrong]\n"
+            "print(json.dumps(out))")
+    proc = subprocess.run([PYTHON, "-c", code], env=job_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    assert rows["cga_cluster_size"] == ["nccl", "nccl.cga_cluster_size", {"nccl.cga_cluster_size": "3"}, 3, "refused"]
+    assert rows["is_high_priority_stream"] == ["nccl", "nccl.high_priority_stream",
+                                               {"nccl.high_priority_stream": "1"}, True, "refused"]
+    assert rows["busy_poll"] == ["gloo", "gloo.busy_poll", {"gloo.busy_poll": "1"}, True, "refused"]
+    assert rows["net_name"][2] == {"nccl.net_name": "IB"}
+    for name, (backend, hint, hints, value, wrong) in rows.items():
+        assert list(hints) == [hint] and hint.startswith(backend + "."), (name, hints)
+        assert value is not None and wrong == "refused", (name, value, wrong)
+    assert len(rows) >= 16, sorted(rows)
 
 
 def test_a_fresh_interpreter_finds_the_backend_through_its_entry_point(tmp_path):

@@ -203,7 +203,7 @@ TEST(StoreUnderAttack, AJobEndsWithTheCleanLossWhileHundredsOfHostileClientsHold
   EXPECT_LT(final_mib, 100) << "the store's process peaked at " << final_mib << " MiB";
 }
 
-// Done means 6 of issue 16: a client that does not hold the job's token is
+// A client that does not hold the job's token is
 // refused, is told why, and the job goes on.
 TEST(StoreAuth, AClientWithoutTheTokenIsRefusedAndTheJobStillEndsWithTheCleanLoss) {
   const double clean = clean_loss();

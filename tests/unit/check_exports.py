@@ -4,7 +4,7 @@
 Usage: check_exports.py LIBCOMMS_SO
 
 libcomms is built with hidden visibility and exports what include/comms
-marks COMMS_API; comms::internal, comms::str, comms::detail and the Impl
+marks COMMS_API; comms::internal, comms::str and the Impl
 classes behind Comm and TcpStoreServer must stay inside it.
 """
 import re

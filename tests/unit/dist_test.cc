@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <set>
 
 #include "comms/dist.h"
 
@@ -51,6 +52,33 @@ TEST(TypedOptions, EverySetFieldBecomesExactlyOnePrefixedHint) {
       {"nccl.nchannels_per_net_peer", "2"}, {"nccl.shrink_share", "1"}, {"nccl.nvlink_centric_sched", "0"},
   };
   EXPECT_EQ(to_hints(o), expected);
+}
+
+TEST(TypedOptions, EachRowOfTheSpellingTableSetsOnlyItsFieldAndBecomesOnlyItsHint) {
+  std::set<std::string> hints, names;
+  for (const OptionSpelling& row : kOptionSpellings) {
+    EXPECT_TRUE(hints.insert(std::string(row.hint)).second) << "two rows become " << row.hint;
+    EXPECT_TRUE(names.insert(std::string(row.name)).second) << "two rows are named " << row.name;
+    EXPECT_TRUE(row.backend() == "nccl" || row.backend() == "gloo") << row.hint;
+    EXPECT_EQ(find_option(row.backend(), row.name), &row);
+    BackendOptions o;
+    std::string text;
+    switch (row.type) {
+      case OptionType::kBool: row.set(o, true), text = "1"; break;
+      case OptionType::kInt: row.set(o, 7), text = "7"; break;
+      case OptionType::kString: row.set(o, std::string("IB")), text = "IB"; break;
+    }
+    for (const OptionSpelling& other : kOptionSpellings) {
+      EXPECT_EQ(other.get(o).has_value(), &other == &row) << row.name << " also set " << other.name;
+    }
+    EXPECT_EQ(to_hints(o), (Hints{{std::string(row.hint), text}})) << row.name;
+  }
+  EXPECT_EQ(find_option("nccl", "busy_poll"), nullptr);  // Gloo's, not NCCL's
+  EXPECT_EQ(find_option("gloo", "no_such_option"), nullptr);
+  // The spellings torch and Megatron use, each to its hint.
+  EXPECT_EQ(find_option("nccl", "is_high_priority_stream")->hint, "nccl.high_priority_stream");
+  EXPECT_EQ(find_option("nccl", "cga_cluster_size")->hint, "nccl.cga_cluster_size");
+  EXPECT_EQ(find_option("gloo", "interface")->hint, "gloo.interface");
 }
 
 TEST(TypedOptions, ASettingGivenTypedAndAsARawHintIsAnErrorNotAnOverride) {

@@ -366,7 +366,7 @@ TEST_F(NcclGpu, FinalizeReleasesDeviceMemoryAcrossCycles) {
   EXPECT_LT(static_cast<long long>(free_before) - static_cast<long long>(free_after), 64ll << 20);
 }
 
-// ---- CUDA graphs and registered buffers (issue 27) -------------------------
+// ---- CUDA graphs and registered buffers -----------------------------------
 
 // Captures the op (synchronous, on `stream`) and returns the instantiated graph.
 cudaGraphExec_t capture(Backend& b, cudaStream_t stream, OpDesc o) {

@@ -1,7 +1,8 @@
 // One owner for NCCL's keys: the plugin's key table (nccl_hints.h) is the
-// source, and comms::dist's typed NcclOptions are checked against it, so a
-// key the plugin gains without a typed option (or a typed option the plugin
-// does not accept) fails here.
+// source, and comms::dist's typed NcclOptions, through their one table of
+// spellings (kOptionSpellings), are checked against it, so a key the plugin
+// gains without a typed option (or a typed option the plugin does not
+// accept) fails here.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -106,8 +107,8 @@ TEST(NcclKeyOwnership, EveryPluginKeyHasATypedNcclOptionOrAStatedReason) {
       continue;
     }
     EXPECT_TRUE(typed.count(key)) << "the NCCL plugin accepts " << key
-                                  << " but dist::NcclOptions has no field for it (include/comms/dist.h "
-                                     "and to_hints in core/dist/dist.cc)";
+                                  << " but dist::NcclOptions has no field for it (a field and a row of "
+                                     "kOptionSpellings in include/comms/dist.h)";
   }
   for (const auto& [key, why] : kNotTyped) {
     EXPECT_TRUE(plugin_keys().count(key)) << key << " is listed as untyped but the plugin has no such key";

@@ -25,11 +25,10 @@ from . import _C
 
 ProcessGroupComms = _C.ProcessGroupComms
 
-_NCCL_FIELDS = {"is_high_priority_stream": bool, "net_name": str}
-_NCCL_FIELDS.update({k: int for k in (
-    "cga_cluster_size", "min_ctas", "max_ctas", "split_share", "traffic_class", "collnet_enable",
-    "cta_policy", "shrink_share", "nvls_ctas", "nchannels_per_net_peer", "nvlink_centric_sched")})
-_GLOO_FIELDS = {"interface": str, "hostname": str, "busy_poll": bool}
+# NCCL's and Gloo's knobs as torch and Megatron spell them: comms::dist's one table.
+_TYPES = {"bool": bool, "int": int, "str": str}
+_NCCL_FIELDS = {k: _TYPES[t] for k, (b, t, _) in _comms_dist.option_spellings().items() if b == "nccl"}
+_GLOO_FIELDS = {k: _TYPES[t] for k, (b, t, _) in _comms_dist.option_spellings().items() if b == "gloo"}
 _OWN_FIELDS = ("backend", "timeout", "init_timeout", "hints", "device")
 
 

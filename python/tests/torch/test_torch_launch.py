@@ -1,4 +1,4 @@
-"""Unchanged torch programs under commsrun (issue 30, item 9): commsrun's store
+"""Unchanged torch programs under commsrun: commsrun's store
 goes by COMMS_STORE, so the program's own TCPStore gets MASTER_ADDR/MASTER_PORT
 to itself. The same program with backend "comms" runs under commsrun and
 launched by hand (env://), when comms.torch is built."""

@@ -1,4 +1,4 @@
-// A comm's life after creation: run-time timeouts and hints, abort,
+// A comm's controls after creation: run-time timeouts and hints, abort,
 // finalize, and offloading/reloading one backend.
 #include "comm/comm_impl.h"
 #include "trace/service.h"
@@ -12,7 +12,7 @@ void Comm::Impl::set_timeout(std::chrono::milliseconds t) {
     throw error(ErrorCode::kInvalidArgument, "set_timeout: the timeout must be positive", "set_timeout");
   }
   for (int i = 0; i < kNumDeviceTypes; ++i) {
-    Slot& s = slots_[i];
+    DeviceBackend& s = device_backends_[i];
     if (!s.backend) continue;
     call_or_throw(static_cast<DeviceType>(i), "set_op_timeout", "set_timeout", "set_timeout",
                   [&] { return s.backend->set_op_timeout(t); });
@@ -24,7 +24,7 @@ void Comm::Impl::set_timeout(std::chrono::milliseconds t) {
 void Comm::Impl::set_hints(const Hints& hints) {
   auto routed = internal::route_hints(hints, config_.spec, config_.name);
   for (int i = 0; i < kNumDeviceTypes; ++i) {
-    Slot& s = slots_[i];
+    DeviceBackend& s = device_backends_[i];
     if (routed[i].empty() || !s.backend) continue;
     call_or_throw(static_cast<DeviceType>(i), "set_hints", "set_hints", "set_hints",
                   [&] { return s.backend->set_hints(routed[i]); });
@@ -38,7 +38,7 @@ void Comm::Impl::set_hints(const Hints& hints) {
 void Comm::Impl::abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(state_mu_);
   for (int i = 0; i < kNumDeviceTypes; ++i) {
-    Slot& s = slots_[i];
+    DeviceBackend& s = device_backends_[i];
     const BackendState st = s.state.load();
     if (st == BackendState::kAbsent || st == BackendState::kOffloaded) continue;
     if (s.failure.empty()) s.failure = str::cat("aborted: ", reason);
@@ -59,7 +59,7 @@ void Comm::Impl::finalize() {
   std::vector<std::string> failures;
   ErrorCode first = ErrorCode::kOk;
   for (int i = 0; i < kNumDeviceTypes; ++i) {
-    Slot& s = slots_[i];
+    DeviceBackend& s = device_backends_[i];
     if (!s.backend) continue;
     const Status st = internal::call_plugin(s.plugin->name, "finalize", [&] { return s.backend->finalize(); });
     if (!st.is_ok()) {
@@ -76,7 +76,7 @@ void Comm::Impl::finalize() {
 }
 
 bool Comm::Impl::offload(DeviceType t) {
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   const BackendState st = s.state.load();
   if (st != BackendState::kReady && st != BackendState::kLazy) return false;
   const Status result = internal::call_plugin(s.plugin->name, "finalize", [&] { return s.backend->finalize(); });
@@ -107,7 +107,7 @@ bool Comm::Impl::offload(DeviceType t) {
 }
 
 bool Comm::Impl::reload(DeviceType t) {
-  Slot& s = slot(t);
+  DeviceBackend& s = device_backend(t);
   if (s.state.load() != BackendState::kOffloaded) return false;
   ++s.generation;
   std::unique_ptr<plugin::Backend> backend;
@@ -137,7 +137,7 @@ bool Comm::Impl::reload(DeviceType t) {
 
 int64_t Comm::Impl::device_memory_used(DeviceType t) const {
   std::lock_guard<std::mutex> lock(state_mu_);
-  const Slot& s = slot(t);
+  const DeviceBackend& s = device_backend(t);
   if (!s.backend) return s.state.load() == BackendState::kOffloaded ? s.memory_after_offload : -1;
   int64_t used = -1;
   const Status st = internal::call_plugin(s.plugin->name, "device_memory_used", [&] {
@@ -149,7 +149,7 @@ int64_t Comm::Impl::device_memory_used(DeviceType t) const {
 }
 
 void Comm::Impl::reload_by_split(Impl* child, Impl& parent, DeviceType t, const std::vector<int>& parent_ranks) {
-  Slot& ps = parent.slot(t);
+  DeviceBackend& ps = parent.device_backend(t);
   if (ps.state.load() != BackendState::kReady && ps.state.load() != BackendState::kLazy) {
     throw parent.error(ErrorCode::kAborted,
                        str::cat("cannot re-split its ", to_string(t), " backend: it is ",
@@ -158,7 +158,7 @@ void Comm::Impl::reload_by_split(Impl* child, Impl& parent, DeviceType t, const 
   }
   plugin::SplitDesc desc;
   if (child) {
-    Slot& cs = child->slot(t);
+    DeviceBackend& cs = child->device_backend(t);
     if (cs.state.load() != BackendState::kOffloaded) return;
     ++cs.generation;
     desc.ranks = parent_ranks;
@@ -181,7 +181,7 @@ void Comm::Impl::reload_by_split(Impl* child, Impl& parent, DeviceType t, const 
                "reload");
   }
   if (!child) return;
-  Slot& cs = child->slot(t);
+  DeviceBackend& cs = child->device_backend(t);
   std::lock_guard<std::mutex> lock(child->state_mu_);
   cs.backend = std::move(backend);
   cs.memory_after_offload = -1;
