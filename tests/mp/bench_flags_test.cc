@@ -216,6 +216,7 @@ TEST(BenchFlags, FloorAddsTheFloorAndTheRatioToEveryRow) {
       EXPECT_EQ(r["wrong"], 0) << r.dump();
       const double floor = r.at("floor_us").get<double>(), p50 = r.at("p50_us").get<double>();
       EXPECT_GT(floor, 0) << r.dump();
+      EXPECT_GE(r.at("floor_p99_us").get<double>(), floor) << r.dump();
       EXPECT_NEAR(r.at("floor_ratio").get<double>(), p50 / floor, 1e-9 * p50 / floor) << r.dump();
     }
   }

@@ -65,6 +65,7 @@ void write_json(const Flags& flags, const RunInfo& run, const std::vector<Row>& 
     if (flags.floor) {
       out.back()["floor_us"] = r.floor_us;
       out.back()["floor_ratio"] = r.floor_ratio;
+      out.back()["floor_p99_us"] = r.floor_p99_us;
     }
     if (flags.overhead) {
       out.back()["overhead_baseline"] = cuda ? "raw-nccl" : "same-algorithm";

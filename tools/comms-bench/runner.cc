@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <tuple>
+#include <utility>
 #include <stdexcept>
 
 #include "comms/numeric.h"
@@ -161,20 +163,22 @@ Row Bench::run(size_t bytes, bool in_place) {
   }
   Row row = summarize(s, times, raw_times, wrong, primary_raw);
   if (floor_) {
-    row.floor_us = floor_p50(s);
+    std::tie(row.floor_us, row.floor_p99_us) = floor_p50_p99(s);
     row.floor_ratio = row.floor_us > 0 ? row.p50_us / row.floor_us : 0;
   }
   return row;
 }
 
-double Bench::floor_p50(const Shape& s) {
+std::pair<double, double> Bench::floor_p50_p99(const Shape& s) {
   const std::string key = str::cat("comms-bench/floor/", floor_rows_++);
   const auto store = comm_->store();
   if (s.rank != 0) {
     // Rank 0's floor at the largest sizes takes about as long as the op's
     // own iterations; the op timeout alone could be shorter.
     const auto timeout = std::max<std::chrono::milliseconds>(comm_->op_timeout(), std::chrono::minutes(30));
-    return std::stod(store->get(key, timeout));
+    const std::string both = store->get(key, timeout);
+    const size_t space = both.find(' ');
+    return {std::stod(both.substr(0, space)), std::stod(both.substr(space + 1))};
   }
   Floor floor({op_.type, s.n, s.count, dtype_, redop_, root_, s.in_place});
   for (int r = 0; r < s.n; ++r) {  // the values fill() gives rank r
@@ -199,10 +203,11 @@ double Bench::floor_p50(const Shape& s) {
   }
   std::sort(times.begin(), times.end());
   const double p50 = times[times.size() / 2];
+  const double p99 = times[std::min(times.size() - 1, times.size() * 99 / 100)];  // as summarize()
   char text[64];
-  std::snprintf(text, sizeof text, "%.17g", p50);
+  std::snprintf(text, sizeof text, "%.17g %.17g", p50, p99);
   store->set(key, text);
-  return p50;
+  return {p50, p99};
 }
 
 namespace {

@@ -26,8 +26,9 @@ struct Row {
   // alternation with it.
   double raw_mean_us = 0, raw_p50_us = 0;
   // --floor: the p50 of the same bytes moved by threads of one process
-  // (floor.h), and p50_us / floor_us.
-  double floor_us = 0, floor_ratio = 0;
+  // (floor.h), p50_us / floor_us, and the floor's p99 (the machine's own
+  // tail, beside the op's).
+  double floor_us = 0, floor_ratio = 0, floor_p99_us = 0;
 };
 
 class Bench {
@@ -68,8 +69,8 @@ class Bench {
                 bool primary_raw) const;
   // --floor: rank 0 times the floor with the row's iterations while the
   // other ranks sleep on the store (no rank's poll steals a core from the
-  // floor's threads); every rank returns its p50.
-  double floor_p50(const Shape& s);
+  // floor's threads); every rank returns its p50 and p99.
+  std::pair<double, double> floor_p50_p99(const Shape& s);
   // Combines each iteration's time over the ranks as -a says.
   void combine_over_ranks(std::vector<double>& times) const;
   // Checks the output against the closed form for the values fill() wrote.
