@@ -77,15 +77,17 @@ void ThreadBarrier::arrive_and_wait() {
     // scheduler has put both threads on one core (the machine busy), a pure
     // spinner would hold the core its releaser needs for the whole window.
     const auto start = Clock::now();
+    bool yielding = false;
     for (unsigned i = 1;; ++i) {
       if (generation_.load(std::memory_order_acquire) != gen) return;
-      if (i % 64) {
+      if (yielding) {
+        sched_yield();
+        if (Clock::now() - start > kSpinWindow) break;
+      } else {
         cpu_relax();
-        continue;
+        // The clock every 64 looks: a look costs far less than a clock read.
+        if (i % 64 == 0) yielding = Clock::now() - start > kPureSpin;
       }
-      const auto spent = Clock::now() - start;
-      if (spent > kSpinWindow) break;
-      if (spent > kPureSpin) sched_yield();
     }
   }
   // The releaser bumps the generation, then looks for sleepers; a sleeper
