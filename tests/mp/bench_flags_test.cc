@@ -201,6 +201,31 @@ TEST(BenchFlags, StepBytesAndAverageFollowNcclTests) {
   EXPECT_NE(refused.output.find("-a"), std::string::npos) << refused.output;
 }
 
+// --floor: every row carries the floor and p50 / floor; without it, no row
+// does. (The floor's values are checked in tests/unit/bench_floor_test.cc.)
+TEST(BenchFlags, FloorAddsTheFloorAndTheRatioToEveryRow) {
+  TempDir dir;
+  const std::string json = (dir.path / "out.json").string();
+  for (const char* op : {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier"}) {
+    const auto p = bench(2, {"-C", op, "-b", "4K", "-e", "16K", "-f", "4", "--floor", "--json", json});
+    ASSERT_EQ(p.exit_code(), 0) << op << "\n" << p.output;
+    EXPECT_NE(p.output.find("x floor"), std::string::npos) << p.output;
+    const auto rows = nlohmann::json::parse(std::ifstream(json));
+    ASSERT_FALSE(rows.empty()) << op;
+    for (const auto& r : rows) {
+      EXPECT_EQ(r["wrong"], 0) << r.dump();
+      const double floor = r.at("floor_us").get<double>(), p50 = r.at("p50_us").get<double>();
+      EXPECT_GT(floor, 0) << r.dump();
+      EXPECT_GE(r.at("floor_p99_us").get<double>(), floor) << r.dump();
+      EXPECT_NEAR(r.at("floor_ratio").get<double>(), p50 / floor, 1e-9 * p50 / floor) << r.dump();
+    }
+  }
+  ASSERT_EQ(bench(2, {"-b", "4K", "-e", "4K", "--json", json}).exit_code(), 0);
+  for (const auto& r : nlohmann::json::parse(std::ifstream(json))) EXPECT_FALSE(r.contains("floor_us")) << r.dump();
+  expect_refused(bench(1, {"--device", "cuda", "--floor"}),
+                 "comms-bench: --floor is the floor of host memory; it has none for --device cuda");
+}
+
 TEST(BenchFlags, RootOutsideTheJobSeveralDevicesPerProcessAndACollectiveAsTheReduceOpAreRefused) {
   expect_refused(bench(2, {"-C", "broadcast", "-r", "2"}),
                  "comms-bench: -r/--root=2 is not a rank of this 2-rank job (0 to 1)");

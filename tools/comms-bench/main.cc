@@ -9,6 +9,8 @@
 // called directly (backends/gloo/raw_gloo.h), so libcomms' overhead shows;
 // --gloo-native times Gloo's own algorithm classes instead; --overhead
 // alternates comms and the raw call every iteration and reports both.
+// --floor adds each row's memory-bound floor on this host (floor.h) and the
+// ratio p50 / floor.
 // --device cuda runs on the rank's GPU (bench_cuda.h: buffers, stream,
 // timing), and --raw-nccl is there what --raw-gloo is on CPU buffers.
 //
@@ -70,6 +72,7 @@ Setup check_flags(const Flags& f) {
   s.on_cuda = f.device_name == "cuda";
   if (f.raw_nccl && !s.on_cuda) bad_flag("--raw-nccl", " times NCCL on CUDA buffers; give --device cuda as well");
   if (f.graph && !s.on_cuda) bad_flag("--graph", " replays CUDA graphs; give --device cuda as well");
+  if (f.floor && s.on_cuda) bad_flag("--floor", " is the floor of host memory; it has none for --device cuda");
   if (s.on_cuda && (f.raw_gloo || f.gloo_native)) {
     bad_flag(f.raw_gloo ? "--raw-gloo" : "--gloo-native",
              " times Gloo on CPU buffers; with --device cuda, --raw-nccl (or --overhead) is the baseline");
@@ -108,7 +111,8 @@ std::unique_ptr<CudaBench> open_cuda(const Flags& f, const Setup& s, Comm& comm,
 // so none is left waiting for the others.
 void check_memory(const Flags& f, const Setup& s, Comm& comm, CudaBench* cuda) {
   const size_t avail = available_memory();
-  const double need = 2.0 * double(s.hi + 64) * comm.local_size();
+  // --floor: rank 0 also holds every rank's two buffers for the floor's threads.
+  const double need = 2.0 * double(s.hi + 64) * (comm.local_size() + (f.floor ? comm.size() : 0));
   // On cuda the host buffers are mirrors; the device holds one rank's two.
   const size_t device_free = cuda ? cuda->free_memory() : 0;
   const bool device_fits = !cuda || 2.0 * double(s.hi + 64) <= double(device_free);
@@ -172,6 +176,11 @@ int run(const Flags& f) {
     bad_flag("-r/--root", str::cat("=", f.root, " is not a rank of this ", comm->size(), "-rank job (0 to ",
                                    comm->size() - 1, ")"));
   }
+  if (f.floor && comm->local_size() != comm->size()) {
+    bad_flag("--floor", str::cat(" times threads of one process in place of the ranks, so every rank must be on one "
+                                 "host; this job has ", comm->local_size(), " of its ", comm->size(),
+                                 " ranks on this one"));
+  }
   check_memory(f, s, *comm, cuda.get());
   std::unique_ptr<gloo_backend::RawGloo> raw;
   if (!s.on_cuda && f.has_raw()) {
@@ -186,7 +195,7 @@ int run(const Flags& f) {
   int32_t plan[2] = {f.iters, f.warmup};
   comm->broadcast(BufferView::of(plan, 2), 0);
   Bench bench(comm, *s.op, s.dtype, s.redop, f.root, static_cast<Average>(f.average), plan[0], plan[1], f.check == 1,
-              raw.get(), cuda.get(), f.has_raw(), f.overhead, f.graph);
+              raw.get(), cuda.get(), f.has_raw(), f.overhead, f.graph, f.floor);
   const RunInfo info{s.op, comm->size(), comm->backend_string(), cuda ? str::cat("cuda:", cuda->device()) : "cpu",
                      cuda != nullptr, raw != nullptr, plan[0], plan[1]};
   // --json -: the JSON alone on stdout.

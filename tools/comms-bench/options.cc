@@ -139,6 +139,9 @@ void add_flags(CLI::App& app, Flags& flags) {
       ->excludes("--raw-gloo")
       ->excludes("--gloo-native")
       ->excludes("--raw-nccl");
+  app.add_flag("--floor", flags.floor,
+               "beside each row, the op's memory-bound floor on this host (the same bytes moved by one thread "
+               "per rank in one process, plain loads and stores, timed in the same run) and p50 / floor");
   app.add_flag("--graph", flags.graph,
                "with --device cuda: capture each size's op once in a CUDA graph (comms and the raw baseline "
                "alike) and time its replays, as an inference engine issues it");

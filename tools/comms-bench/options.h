@@ -43,6 +43,7 @@ struct Flags {
   bool inplace = false, outofplace = false, raw_gloo = false, gloo_native = false, overhead = false;
   bool graph = false;  // --graph: time replays of a CUDA graph holding the op
   bool raw_nccl = false;
+  bool floor = false;  // --floor: each row's memory-bound floor (floor.h) and the ratio to it
 
   bool has_raw() const { return raw_gloo || gloo_native || raw_nccl || overhead; }
 };

@@ -17,27 +17,33 @@ void print_header(const Flags& flags, const RunInfo& run) {
               : run.has_raw_gloo             ? " (raw Gloo: the backend's algorithm without libcomms)"
                                              : "",
               run.iters, run.warmup);
-  if (flags.overhead) {
-    std::printf("#%12s %12s %9s %8s %13s %10s %10s %12s %12s %12s %7s  %s\n", "size(B)", "count", "type", "redop",
-                "placement", "time(us)", "p50(us)", "raw p50(us)", "overhead(us)", "overhead(%)", "#wrong",
-                "algorithm");
-  } else {
-    std::printf("#%12s %12s %9s %8s %13s %10s %10s %10s %10s %10s %7s  %s\n", "size(B)", "count", "type", "redop",
-                "placement", "time(us)", "p50(us)", "p99(us)", "algbw", "busbw", "#wrong", "algorithm");
+  if (flags.floor) {
+    std::printf("# floor: the same bytes moved by %d threads of one process (one per rank), plain loads and "
+                "stores, p50 over the same iterations; x floor = p50 / floor (docs/BENCHMARKS.md#the-floor)\n",
+                run.ranks);
   }
+  if (flags.overhead) {
+    std::printf("#%12s %12s %9s %8s %13s %10s %10s %12s %12s %12s", "size(B)", "count", "type", "redop",
+                "placement", "time(us)", "p50(us)", "raw p50(us)", "overhead(us)", "overhead(%)");
+  } else {
+    std::printf("#%12s %12s %9s %8s %13s %10s %10s %10s %10s %10s", "size(B)", "count", "type", "redop",
+                "placement", "time(us)", "p50(us)", "p99(us)", "algbw", "busbw");
+  }
+  if (flags.floor) std::printf(" %10s %8s", "floor(us)", "x floor");
+  std::printf(" %7s  %s\n", "#wrong", "algorithm");
 }
 
 void print_row(const Flags& flags, const Row& r) {
   if (flags.overhead) {
-    std::printf(" %12zu %12zu %9s %8s %13s %10.2f %10.2f %12.2f %12.2f %12.2f %7lld  %s\n", r.bytes, r.count,
-                r.dtype.c_str(), r.redop.c_str(), r.placement.c_str(), r.mean_us, r.p50_us, r.raw_p50_us,
-                r.p50_us - r.raw_p50_us, 100.0 * (r.p50_us - r.raw_p50_us) / r.raw_p50_us,
-                static_cast<long long>(r.wrong), r.algorithm.c_str());
+    std::printf(" %12zu %12zu %9s %8s %13s %10.2f %10.2f %12.2f %12.2f %12.2f", r.bytes, r.count, r.dtype.c_str(),
+                r.redop.c_str(), r.placement.c_str(), r.mean_us, r.p50_us, r.raw_p50_us, r.p50_us - r.raw_p50_us,
+                100.0 * (r.p50_us - r.raw_p50_us) / r.raw_p50_us);
   } else {
-    std::printf(" %12zu %12zu %9s %8s %13s %10.2f %10.2f %10.2f %10.3f %10.3f %7lld  %s\n", r.bytes, r.count,
-                r.dtype.c_str(), r.redop.c_str(), r.placement.c_str(), r.mean_us, r.p50_us, r.p99_us, r.algbw,
-                r.busbw, static_cast<long long>(r.wrong), r.algorithm.c_str());
+    std::printf(" %12zu %12zu %9s %8s %13s %10.2f %10.2f %10.2f %10.3f %10.3f", r.bytes, r.count, r.dtype.c_str(),
+                r.redop.c_str(), r.placement.c_str(), r.mean_us, r.p50_us, r.p99_us, r.algbw, r.busbw);
   }
+  if (flags.floor) std::printf(" %10.2f %8.2f", r.floor_us, r.floor_ratio);
+  std::printf(" %7lld  %s\n", static_cast<long long>(r.wrong), r.algorithm.c_str());
   std::fflush(stdout);
 }
 
@@ -56,6 +62,11 @@ void write_json(const Flags& flags, const RunInfo& run, const std::vector<Row>& 
                                                   : "comms"},
                    {"algorithm", r.algorithm}});
     out.back()["graph"] = flags.graph;
+    if (flags.floor) {
+      out.back()["floor_us"] = r.floor_us;
+      out.back()["floor_ratio"] = r.floor_ratio;
+      out.back()["floor_p99_us"] = r.floor_p99_us;
+    }
     if (flags.overhead) {
       out.back()["overhead_baseline"] = cuda ? "raw-nccl" : "same-algorithm";
       out.back()["raw_p50_us"] = r.raw_p50_us;

@@ -2,10 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
+#include <tuple>
+#include <utility>
 #include <stdexcept>
 
 #include "comms/numeric.h"
+#include "comms/store.h"
+#include "floor.h"
+#include "util/strutil.h"
 #include <nlohmann/json.hpp>
 
 namespace comms::bench {
@@ -155,7 +161,53 @@ Row Bench::run(size_t bytes, bool in_place) {
     times[k] = timed(s, primary_raw);
     if (overhead_ && i % 2 == 0) raw_times[k] = timed(s, true);
   }
-  return summarize(s, times, raw_times, wrong, primary_raw);
+  Row row = summarize(s, times, raw_times, wrong, primary_raw);
+  if (floor_) {
+    std::tie(row.floor_us, row.floor_p99_us) = floor_p50_p99(s);
+    row.floor_ratio = row.floor_us > 0 ? row.p50_us / row.floor_us : 0;
+  }
+  return row;
+}
+
+std::pair<double, double> Bench::floor_p50_p99(const Shape& s) {
+  const std::string key = str::cat("comms-bench/floor/", floor_rows_++);
+  const auto store = comm_->store();
+  if (s.rank != 0) {
+    // Rank 0's floor at the largest sizes takes about as long as the op's
+    // own iterations; the op timeout alone could be shorter.
+    const auto timeout = std::max<std::chrono::milliseconds>(comm_->op_timeout(), std::chrono::minutes(30));
+    const std::string both = store->get(key, timeout);
+    const size_t space = both.find(' ');
+    return {std::stod(both.substr(0, space)), std::stod(both.substr(space + 1))};
+  }
+  Floor floor({op_.type, s.n, s.count, dtype_, redop_, root_, s.in_place});
+  for (int r = 0; r < s.n; ++r) {  // the values fill() gives rank r
+    for (size_t i = 0; i < floor.buffer_elements(); ++i) {
+      numeric::store_from_double(floor.input(r), dtype_, i, double((r + 1) + i % 3));
+    }
+  }
+  const auto per_thread = floor.time(warmup_, iters_);
+  // Threads stand for ranks: an iteration's times combine as -a says.
+  std::vector<double> times(per_thread[0].size());
+  for (size_t i = 0; i < times.size(); ++i) {
+    double sum = 0, lo = per_thread[0][i], hi = per_thread[0][i];
+    for (const auto& t : per_thread) {
+      sum += t[i];
+      lo = std::min(lo, t[i]);
+      hi = std::max(hi, t[i]);
+    }
+    times[i] = average_ == Average::kRank0 ? per_thread[0][i]
+               : average_ == Average::kMean ? sum / double(per_thread.size())
+               : average_ == Average::kMin  ? lo
+                                            : hi;
+  }
+  std::sort(times.begin(), times.end());
+  const double p50 = times[times.size() / 2];
+  const double p99 = times[std::min(times.size() - 1, times.size() * 99 / 100)];  // as summarize()
+  char text[64];
+  std::snprintf(text, sizeof text, "%.17g %.17g", p50, p99);
+  store->set(key, text);
+  return {p50, p99};
 }
 
 namespace {

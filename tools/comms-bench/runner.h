@@ -25,6 +25,10 @@ struct Row {
   // --overhead: the same op through raw Gloo (raw NCCL on cuda), timed in
   // alternation with it.
   double raw_mean_us = 0, raw_p50_us = 0;
+  // --floor: the p50 of the same bytes moved by threads of one process
+  // (floor.h), p50_us / floor_us, and the floor's p99 (the machine's own
+  // tail, beside the op's).
+  double floor_us = 0, floor_ratio = 0, floor_p99_us = 0;
 };
 
 class Bench {
@@ -36,10 +40,10 @@ class Bench {
   // an iteration's times on the ranks combine (-a).
   Bench(std::shared_ptr<Comm> comm, const OpInfo& op, DataType dtype, ReduceOp redop, int root, Average average,
         int iters, int warmup, bool check, gloo_backend::RawGloo* raw, CudaBench* cuda, bool has_raw, bool overhead,
-        bool graph = false)
+        bool graph = false, bool floor = false)
       : comm_(std::move(comm)), op_(op), dtype_(dtype), redop_(redop), root_(root), average_(average),
         iters_(iters), warmup_(warmup), check_(check), raw_(raw), cuda_(cuda), has_raw_(has_raw),
-        overhead_(overhead), graph_(graph) {}
+        overhead_(overhead), graph_(graph), floor_(floor) {}
 
   Row run(size_t bytes, bool in_place);
 
@@ -63,6 +67,10 @@ class Bench {
   int64_t check(const Shape& s, bool primary_raw);
   Row summarize(const Shape& s, std::vector<double>& times, std::vector<double>& raw_times, int64_t wrong,
                 bool primary_raw) const;
+  // --floor: rank 0 times the floor with the row's iterations while the
+  // other ranks sleep on the store (no rank's poll steals a core from the
+  // floor's threads); every rank returns its p50 and p99.
+  std::pair<double, double> floor_p50_p99(const Shape& s);
   // Combines each iteration's time over the ranks as -a says.
   void combine_over_ranks(std::vector<double>& times) const;
   // Checks the output against the closed form for the values fill() wrote.
@@ -81,6 +89,8 @@ class Bench {
   bool has_raw_;
   bool overhead_;
   bool graph_;  // time replays of the op captured in a CUDA graph (cuda_ only)
+  bool floor_;
+  int floor_rows_ = 0;  // names each row's floor result in the store
   std::vector<uint8_t> in_, out_;
 };
 
