@@ -18,6 +18,7 @@ usage: pip_install_check.py SOURCE_ROOT WORK_DIR [WHEELHOUSE]
    program naming "comms" at 4 ranks, which all_reduces by value; the
    installed libraries' RUNPATHs are $ORIGIN-relative.
 4. pip uninstall comms leaves the venv's files exactly as before the install.
+   The venv is then removed (torch is 5 GB); the build folder stays.
 
 Prints one line per check and "N passed, N failed[, N skipped]" last.
 """
@@ -170,6 +171,10 @@ def main():
     check("pip uninstall leaves nothing of comms", p.returncode == 0 and not left,
           p.stderr + " left: " + " ".join(left[:20]))
     passed = sum(results)
+    if passed == len(results):
+        shutil.rmtree(VENV, ignore_errors=True)  # 5 GB of torch; the build folder stays
+    else:
+        print(f"  the venv stays for a look: {VENV}")
     print(f"{passed} passed, {len(results) - passed} failed")
     return 0 if passed == len(results) else 1
 
