@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <set>
 
 #include "util/strutil.h"
@@ -75,6 +76,29 @@ std::string abi_refusal(uint32_t v) {
   return {};
 }
 
+// A plugin's system libraries and the Debian packages that provide them,
+// in its sidecar file <plugin>.packages (one "libfoo.so.N package" a line;
+// each backend's meson.build writes its own). When dlopen fails because one
+// of them is missing, the error says what to install.
+std::string missing_package_hint(const std::string& plugin_path, std::string_view why) {
+  constexpr std::string_view kMissing = ": cannot open shared object file";
+  const auto at = why.find(kMissing);
+  if (at == std::string_view::npos) return {};
+  const std::string_view library = why.substr(0, at);
+  std::ifstream sidecar(plugin_path + ".packages");
+  std::string line;
+  while (std::getline(sidecar, line)) {
+    const auto fields = str::split(line, ' ', /*skip_empty=*/true);
+    if (fields.size() != 2 || fields[0].starts_with('#')) continue;
+    const std::string soname(fields[0]), package(fields[1]);
+    if (soname == library) {
+      return str::cat("; ", soname, " comes with the Debian package ", package, " (apt-get install ",
+                      package, ")");
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 PluginRegistry& PluginRegistry::instance() {
@@ -117,9 +141,10 @@ LoadedPlugin* PluginRegistry::open_locked(const std::string& expected_name,
                                          const std::string& path) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
-    const char* why = dlerror();
-    throw Error(ErrorCode::kNotFound,
-                str::cat("cannot load plugin '", path, "': ", why ? why : "unknown error"));
+    const char* error = dlerror();
+    const std::string why = error ? error : "unknown error";
+    throw Error(ErrorCode::kNotFound, str::cat("cannot load plugin '", path, "': ", why,
+                                               missing_package_hint(path, why)));
   }
   auto entry = reinterpret_cast<comms_plugin_entry_fn>(dlsym(handle, COMMS_PLUGIN_ENTRY_SYMBOL));
   if (entry == nullptr) {

@@ -170,14 +170,14 @@ def run_checks(work):
         targets = json.loads(sh(["meson", "introspect", "--targets", build]))
         names = sorted(t["name"] for t in targets)
         tests = json.loads(sh(["meson", "introspect", "--tests", build]))
-        # The library, its plugins and helper libraries, the Python package
-        # (comms._comms, comms.torch._C and their .py files) and the user's
-        # program; no tool, test or example.
+        # The library, its plugins, their .packages files and helper
+        # libraries, the Python package (comms._comms, comms.torch._C and
+        # their .py files) and the user's program; no tool, test or example.
         tools = ("commsrun", "comms-info", "comms-bench", "comms-conformance", "comms-trace", "mpi-bench", "trainer")
 
         def wanted(n):
             return (n in ("comms", "consumer") or n.startswith(("comms-", "comms_", "_C.cpython", "_comms.cpython"))
-                    or n.endswith(".py"))
+                    or n.endswith(".py") or (n.startswith("libcomms-") and n.endswith(".so.packages")))
         unwanted = [n for n in names if "test" in n or n in tools or not wanted(n)]
         if tests or unwanted:
             raise RuntimeError("the subproject builds more than the library: %d targets %s, %d tests"

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "comm/comm_impl.h"
 #include "comms/comms.h"
@@ -148,6 +150,47 @@ TEST(PluginLoading, AFileThatIsNotAPluginIsRefusedClearly) {
     EXPECT_NE(std::string(e.what()).find("cannot load plugin '" + path + "'"), std::string::npos) << e.what();
   }
   unsetenv("COMMS_BACKEND_LIB_JUNK");
+}
+
+// A system library of a plugin is missing (libgloo on a machine without
+// libgloo0): the error names the library and, from the plugin's sidecar
+// <plugin>.packages, the Debian package to install.
+TEST(PluginLoading, AMissingSystemLibraryIsNamedWithItsPackage) {
+  const std::string dir = ::testing::TempDir() + "/needsabsent";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/libcomms-needsabsent.so";
+  // The copy needs libcomms_test_absenX.so, which no folder has (meson test's
+  // LD_LIBRARY_PATH holds the real one): the name is renamed in place in its
+  // string table, at the same length.
+  std::string image;
+  {
+    std::ifstream in(TEST_NEEDS_ABSENT_PLUGIN, std::ios::binary);
+    image.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string needed = "libcomms_test_absent.so";
+  const auto at = image.find(needed + '\0');
+  ASSERT_NE(at, std::string::npos) << "the plugin does not name " << needed;
+  image[at + needed.size() - 4] = 'X';
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << image;
+  std::ofstream(path + ".packages") << "# library package\nlibother.so.1 other-package\n"
+                                    << "libcomms_test_absenX.so comms-test-absent1\n";
+  setenv("COMMS_BACKEND_LIB_NEEDSABSENT", path.c_str(), 1);
+  std::string why;
+  try {
+    PluginRegistry::instance().get("needsabsent");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    why = e.what();
+  }
+  unsetenv("COMMS_BACKEND_LIB_NEEDSABSENT");
+  EXPECT_NE(why.find("cannot load plugin '" + path + "': libcomms_test_absenX.so: cannot open shared object file"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("libcomms_test_absenX.so comes with the Debian package comms-test-absent1 (apt-get install "
+                     "comms-test-absent1)"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(why.find("other-package"), std::string::npos) << why;
 }
 
 // A plugin is found by its file name without being opened, so a file whose

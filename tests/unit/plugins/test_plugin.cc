@@ -37,6 +37,13 @@
 
 #include "comms/plugin.h"
 
+#ifdef TEST_PLUGIN_NEEDS_ABSENT
+// Uses a library of its own (absent_lib.cc), which the test's copy of the
+// plugin then names under a name no folder has: dlopen fails on it.
+extern "C" int comms_test_absent_marker();
+[[maybe_unused]] static const int absent_marker = comms_test_absent_marker();
+#endif
+
 #ifndef TEST_PLUGIN_NAME
 #define TEST_PLUGIN_NAME "fakegpu"
 #endif
