@@ -373,45 +373,6 @@ TEST_F(NcclBackendTest, DestroyingWithoutFinalizeAbortsAndFreesEverything) {
   EXPECT_EQ(api->streams_destroyed, 1);
 }
 
-// A lazy parent has no communicator to split: a member's child is lazy too and
-// makes its own communicator (ncclCommInitRank) on its first op, with the
-// parent's hints merged; a non-member gets nothing; no NCCL call happens.
-TEST_F(NcclBackendTest, SplitOfALazyParentGivesALazyChildThatInitializesOnFirstOp) {
-  BackendInit init = make_init(0, 2, {{"cga_cluster_size", "2"}});
-  init.eager = false;
-  auto b = make(init);
-  ASSERT_TRUE(b->init().is_ok());
-  plugin::SplitDesc outsider;
-  outsider.child = make_init();
-  std::unique_ptr<Backend> none;
-  ASSERT_TRUE(b->split(outsider, &none).is_ok());
-  EXPECT_EQ(none, nullptr);
-  const int ranks[] = {0};
-  plugin::SplitDesc desc;
-  desc.ranks = ranks;
-  desc.child = make_init(0, 1, {{"max_ctas", "8"}});
-  desc.child.eager = false;
-  desc.child.comm_name = "world/tp";
-  std::unique_ptr<Backend> child;
-  Status s = b->split(desc, &child);
-  ASSERT_TRUE(s.is_ok()) << s.message;
-  ASSERT_NE(child, nullptr);
-  EXPECT_TRUE(api->call_names().empty());
-  auto j = nlohmann::json::parse(child->describe());
-  EXPECT_EQ(j["initialized"], false);
-  EXPECT_EQ(j["nccl_config"]["cga_cluster_size"], 2);
-  EXPECT_EQ(j["nccl_config"]["max_ctas"], 8);
-  std::unique_ptr<plugin::Work> w;
-  ASSERT_TRUE(child->submit(op(OpType::kAllReduce), &w).is_ok());
-  EXPECT_TRUE(w->wait(WaitMode::kBlocking).is_ok());
-  EXPECT_THAT(api->call_names(), ElementsAre("comm_init", "all_reduce"));
-  {
-    auto l = api->lock();
-    EXPECT_TRUE(api->split_color_key.empty());
-  }
-  EXPECT_TRUE(child->finalize().is_ok());
-}
-
 TEST_F(NcclBackendTest, SplitColorIsTheGroupsSmallestRankKeyThePositionAndHintsMerge) {
   store->set("nccl/unique_id", std::string(128, 'x'));
   auto b = make(make_init(3, 4, {{"high_priority_stream", "1"}, {"cga_cluster_size", "4"}}));
