@@ -90,7 +90,9 @@ std::string emit(const std::map<std::string, BackendOptions>& config) {
   YAML::Emitter out;
   bool utf8 = true;
   out << YAML::BeginMap;
-  for (const auto& [group, o] : config) {
+  for (const auto& entry : config) {
+    const std::string& group = entry.first;
+    const BackendOptions& o = entry.second;  // a named reference: clang 14 cannot capture a structured binding
     utf8 = utf8 && valid_utf8(group);
     out << YAML::Key << YAML::DoubleQuoted << group << YAML::Value << YAML::BeginMap;
     // Every option of `backend` that is set, by its table row.
