@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "nccl_backend.h"
+#include "nccl_backend_for_tests.h"
 #include "nccl_test_support.h"
 
 namespace comms::nccl {
@@ -26,18 +27,7 @@ using ::testing::HasSubstr;
 class NcclBackendTest : public ::testing::Test {
  protected:
   BackendInit make_init(int rank = 0, int size = 1, Hints hints = {}) {
-    BackendInit init;
-    init.comm_name = "world";
-    init.rank = rank;
-    init.size = size;
-    init.local_rank = rank;
-    init.device = Device::cuda(0);
-    init.eager = true;
-    init.store = store;
-    init.init_timeout = 2s;
-    init.op_timeout = 2s;
-    init.hints = std::move(hints);
-    return init;
+    return testing::backend_init(store, rank, size, std::move(hints));
   }
 
   std::unique_ptr<Backend> make(BackendInit init) {

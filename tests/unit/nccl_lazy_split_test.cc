@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nccl_backend.h"
+#include "nccl_backend_for_tests.h"
 #include "nccl_test_support.h"
 
 namespace comms::nccl {
@@ -19,18 +20,7 @@ using plugin::BackendInit;
 using ::testing::ElementsAre;
 
 BackendInit lazy_init(std::shared_ptr<testing::MemoryStore> store, int rank, int size, Hints hints) {
-  BackendInit init;
-  init.comm_name = "world";
-  init.rank = rank;
-  init.size = size;
-  init.local_rank = rank;
-  init.device = Device::cuda(0);
-  init.eager = false;
-  init.store = std::move(store);
-  init.init_timeout = 2s;
-  init.op_timeout = 2s;
-  init.hints = std::move(hints);
-  return init;
+  return testing::backend_init(std::move(store), rank, size, std::move(hints), /*eager=*/false);
 }
 
 TEST(NcclLazySplitTest, ALazyParentGivesALazyChildThatInitializesOnFirstOp) {
