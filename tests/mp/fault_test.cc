@@ -45,7 +45,7 @@ TEST(Faults, APeerKilledMidOpGivesPeerFailureOnEveryOtherRankAndNoHang) {
 }
 
 TEST(Faults, APeerThatClosesItsCommGivesTheOthersPeerFailure) {
-  auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", FAULT_HELPER, "close"},
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "20", "--", FAULT_HELPER, "close"},
                {{"COMMS_OP_TIMEOUT", "60s"}}, 50s);
   ASSERT_NE(p.status, -1) << p.output;
   EXPECT_EQ(p.output.find("killed by signal"), std::string::npos) << p.output;
