@@ -1,10 +1,11 @@
 """One rank of Megatron-core's own parallel_state over backend "comms".
 
-    rank_megatron.py OUT_DIR SCENARIO
+    rank_megatron.py OUT_DIR SCENARIO[,SCENARIO...]
 
 groups   every group of several layouts proved by value (an all_reduce of
          2**rank), against Megatron's rank lists and comms.parallel's; the
-         all-gather twins; NCCL options refused on a world without NCCL.
+         all-gather twins; NCCL options refused on a world without NCCL
+         (at 4 ranks, when COMMS_BACKEND names no cuda:nccl).
 options  Megatron's nccl_communicator_config_path and high_priority_stream_groups
          reach each group's NCCL backend as hints (COMMS_BACKEND names cuda:nccl).
 cycles   ten build / op / offload+reload / destroy+replay / destroy_model_parallel
@@ -12,13 +13,17 @@ cycles   ten build / op / offload+reload / destroy+replay / destroy_model_parall
          live comms, fds and threads per cycle.
 mlp      a 2-way tensor-parallel MLP forward and backward against one rank's.
 
-Writes {"checks": {name: "ok" | error}, ...} to OUT_DIR/rank<R>.json. The
+The scenarios run in the order given, in one world (importing Megatron costs
+each rank seconds of CPU, so one job serves several), and stop at the first
+that fails. Writes {"checks": {scenario: {name: "ok" | error}}, ...} to
+OUT_DIR/rank<R>.json. The
 world comes from COMMS_ROUTE and TORCH_DEVICE_ID (device_id=), as in
 test_torch.py."""
 import datetime
 import json
 import os
 import sys
+import time
 import traceback
 import warnings
 
@@ -218,7 +223,7 @@ def scenario_groups(out_dir, report):
                   file=sys.stderr, flush=True)
             return checks  # the ranks may be in different ops: stop here
         dist.barrier()
-    if size == 4:
+    if size == 4 and "cuda:" not in os.environ.get("COMMS_BACKEND", ""):
         try:
             refuses_nccl_options_without_nccl(out_dir, report)
             checks["refuses_nccl_options_without_nccl"] = "ok"
@@ -504,13 +509,18 @@ def main():
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
                             timeout=datetime.timedelta(seconds=120),
                             device_id=torch.device(device_id) if device_id else None)
-    report = {}
-    try:
-        checks = SCENARIOS[scenario](out_dir, report)
-    except Exception as e:  # noqa: BLE001  (reported with the scenario)
-        checks = {scenario: "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc()[-2500:])}
-        print("rank %d: %s" % (dist.get_rank(), checks[scenario]), file=sys.stderr, flush=True)
-    report["checks"] = checks
+    report = {"checks": {}, "seconds": {}}
+    for name in scenario.split(","):
+        start = time.monotonic()
+        try:
+            checks = SCENARIOS[name](out_dir, report)
+        except Exception as e:  # noqa: BLE001  (reported with the scenario)
+            checks = {name: "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc()[-2500:])}
+            print("rank %d: %s" % (dist.get_rank(), checks[name]), file=sys.stderr, flush=True)
+        report["checks"][name] = checks
+        report["seconds"][name] = round(time.monotonic() - start, 1)
+        if any(v != "ok" for v in checks.values()):
+            break  # the ranks may be in different ops
     rank = dist.get_rank()
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
         json.dump(report, f)
