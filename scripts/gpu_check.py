@@ -37,8 +37,8 @@ PROGRAMS = [
     "tools/comms-conformance",
     "tools/comms-bench",
     "tools/comms-info",
-    "tests/unit/nccl_unit_test",
-    "tests/unit/nccl_gpu_test",
+    "tests/backends/nccl/nccl_unit_test",
+    "tests/backends/nccl/nccl_gpu_test",
     "tests/gpu/gpu_story_test",
     "tests/gpu/gpu_elastic_test",
     "tests/conformance/conformance_cuda_test",
@@ -54,8 +54,8 @@ SYSTEM_LIBRARIES = re.compile(
 
 # Sources whose content a bundle was built from; `run` refuses a bundle whose
 # sources differ from the tree beside it (a stale bundle would report on old code).
-SOURCE_DIRS = ["core", "backends", "include", "tools", "scripts", "tests/unit", "tests/gpu", "tests/conformance",
-               "tests/support"]
+SOURCE_DIRS = ["core", "backends", "include", "tools", "scripts", "tests/unit", "tests/backends", "tests/gpu",
+               "tests/conformance", "tests/support"]
 SOURCE_SUFFIXES = (".cc", ".h", ".build", ".txt", ".py")
 
 # The per-op overhead targets: at most 2 us at 8 B and 4 KiB, at
@@ -317,9 +317,9 @@ class Runner:
 
     def run_all(self):
         self.gtest("nccl_unit", "the NCCL plugin's logic through its fake NcclApi",
-                   [self.path("tests/unit/nccl_unit_test")], 300)
+                   [self.path("tests/backends/nccl/nccl_unit_test")], 300)
         self.gtest("nccl_gpu", "the built plugin through its descriptor, on the device (world size 1)",
-                   [self.path("tests/unit/nccl_gpu_test")], 600)
+                   [self.path("tests/backends/nccl/nccl_gpu_test")], 600)
         self.gtest("conformance_buffers", "the conformance suite's device buffers round-trip on the GPU",
                    [self.path("tests/conformance/conformance_cuda_test")], 120)
         self.conformance()

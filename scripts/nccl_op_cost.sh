@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Instructions per eager op on the NCCL plugin's path (backends/nccl/README.md,
-# "CPU per op"): callgrind counts run_ops of build/tests/unit/nccl_op_cost for
+# "CPU per op"): callgrind counts run_ops of build/tests/backends/nccl/nccl_op_cost for
 # N and 2N ops; (I(2N) - I(N)) / N cancels setup and teardown. Runs it
 # RUNS times (default 3) and prints each value.
 #   scripts/nccl_op_cost.sh [N] [RUNS]    (build first: tools/dev build)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=${COMMS_BUILD_DIR:-$ROOT/build}/tests/unit/nccl_op_cost
+BIN=${COMMS_BUILD_DIR:-$ROOT/build}/tests/backends/nccl/nccl_op_cost
 N=${1:-2000}
 RUNS=${2:-3}
 command -v valgrind >/dev/null || { echo "nccl_op_cost: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }

@@ -1,7 +1,7 @@
 // The transport the CPU algorithms run on: per-peer, in-order messages of
 // byte ranges on a few channels, with a deadline on every wait and an abort
 // that wakes them all. Gloo's synchronous pairs are the first implementation
-// (backends/gloo/gloo_transport.h); tests/unit/cpu_algorithms_test.cc has an
+// (backends/gloo/gloo_transport.h); tests/backends/cpu_algorithms/cpu_algorithms_test.cc has an
 // in-process one. Shaped after gloo/transport/pair.h, so UCX's tag
 // send/recv (tag = channel and sender) can implement it too.
 //

@@ -7,7 +7,7 @@
 // internal. libgloo has no type for a timeout, and its I/O errors outside an
 // op (connecting, with no op timeout to compare) are told apart only by
 // their text: kTimeoutTexts and kPeerGoneTexts, the fallback, which
-// tests/unit/gloo_errors_test.cc pins against the real libgloo so that a
+// tests/backends/gloo/gloo_errors_test.cc pins against the real libgloo so that a
 // reworded message fails a test instead of turning into `internal`.
 #pragma once
 

@@ -27,7 +27,7 @@ inline constexpr int kMaxCtas = 64;
 // are not config fields. nccl_api.cc checks at compile time that every key
 // allowed for the linked NCCL has its field, so a wrong entry fails the build
 // rather than a communicator. comms::dist::kOptionSpellings maps torch's and
-// Megatron's names onto these keys (tests/unit/nccl_options_test.cc).
+// Megatron's names onto these keys (tests/backends/nccl/nccl_options_test.cc).
 inline constexpr HintKeyVersion kHintKeyVersions[] = {
     {"blocking", 21400},
     {"cga_cluster_size", 21400},

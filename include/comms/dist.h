@@ -41,7 +41,7 @@ COMMS_API Route route_from_environment();
 
 // NCCL communicator options, as Megatron and torch.distributed name them.
 // Each set field becomes one NCCL hint (kOptionSpellings below); unset fields
-// keep NCCL's default. A test (tests/unit/nccl_options_test.cc) fails when
+// keep NCCL's default. A test (tests/backends/nccl/nccl_options_test.cc) fails when
 // the NCCL plugin accepts a key no field becomes, or a field becomes a key
 // the plugin does not accept (blocking and comm_name are fixed by the plugin).
 struct NcclOptions {
