@@ -23,6 +23,9 @@ import comms
 
 def main():
     out_dir, mode = sys.argv[1], sys.argv[2]
+    # Python leaves SIGINT ignored when it starts with it ignored, as a job
+    # started in the background of a non-interactive shell does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     c = comms.new_comm(device="cpu", name="blocked", op_timeout=30.0)
     done_flag = os.path.join(out_dir, "rank0.json")
     if c.rank != 0:
