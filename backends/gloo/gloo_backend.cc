@@ -25,6 +25,7 @@
 #include "broken_state.h"
 #include "collectives.h"
 #include "errors.h"
+#include "full_mesh.h"
 #include "gloo_ops.h"
 #include "gloo_transport.h"
 #include "op_queue.h"
@@ -43,9 +44,9 @@ using cpu_algorithms::reduce_fn;
 
 // One transport device (and its event-loop thread) per bind address, shared
 // by every comm of the process.
-std::shared_ptr<::gloo::transport::Device> shared_device(const GlooConfig& cfg) {
+std::shared_ptr<MeshDevice> shared_device(const GlooConfig& cfg) {
   static std::mutex mu;
-  static auto* devices = new std::map<std::string, std::shared_ptr<::gloo::transport::Device>>();
+  static auto* devices = new std::map<std::string, std::shared_ptr<MeshDevice>>();
   const std::string key = cfg.interface.empty() ? "host:" + cfg.hostname : "iface:" + cfg.interface;
   std::lock_guard<std::mutex> lock(mu);
   auto& d = (*devices)[key];
@@ -53,7 +54,7 @@ std::shared_ptr<::gloo::transport::Device> shared_device(const GlooConfig& cfg) 
     ::gloo::transport::tcp::attr attr;
     if (!cfg.interface.empty()) attr.iface = cfg.interface;
     else attr.hostname = cfg.hostname;
-    d = ::gloo::transport::tcp::CreateDevice(attr);
+    d = std::make_shared<MeshDevice>(attr);
   }
   return d;
 }
@@ -87,17 +88,17 @@ class GlooBackend : public plugin::Backend {
   Status translate(const std::exception& e, const plugin::OpDesc* op, Clock::time_point started) const;
   bool sync_mesh_takes(const plugin::OpDesc& op) const;
   void run_op(const plugin::OpDesc& op);
-  std::shared_ptr<::gloo::rendezvous::Context> connect_mesh(const std::string& prefix);
+  void connect_meshes();
   void remember_endpoints(const std::set<int>& opened);
 
   plugin::BackendInit init_;
   GlooConfig config_;
   std::atomic<std::chrono::milliseconds> op_timeout_;
-  std::shared_ptr<::gloo::transport::Device> device_;
+  std::shared_ptr<MeshDevice> device_;
   // The two meshes: the async mesh (Gloo's own pairs, every op) and the sync
   // mesh (pairs in sync mode, read by the calling thread: the CPU algorithms).
-  std::shared_ptr<::gloo::rendezvous::Context> async_mesh_;
-  std::shared_ptr<::gloo::rendezvous::Context> sync_mesh_;
+  std::shared_ptr<Mesh> async_mesh_;
+  std::shared_ptr<Mesh> sync_mesh_;
   std::chrono::milliseconds sync_timeout_{0};  // fixed in the sync mesh's pairs at connect
   std::unique_ptr<GlooTransport> transport_;   // the sync mesh, for the CPU algorithms
   std::unique_ptr<cpu_algorithms::Collectives> sync_ops_;  // the CPU algorithms on it
@@ -114,19 +115,26 @@ class GlooBackend : public plugin::Backend {
   cpu_algorithms::OpQueue ops_{[this](const plugin::OpDesc& op) { return execute(op); }};
 };
 
-std::shared_ptr<::gloo::rendezvous::Context> GlooBackend::connect_mesh(const std::string& prefix) {
-  auto ctx = std::make_shared<::gloo::rendezvous::Context>(init_.rank, init_.size);
+void GlooBackend::connect_meshes() {
+  StoreAdapter async_store(*init_.store, "async/", init_.init_timeout);
+  StoreAdapter sync_store(*init_.store, "sync/", init_.init_timeout);
+  async_mesh_ = std::make_shared<Mesh>(init_.rank, init_.size);
+  sync_mesh_ = std::make_shared<Mesh>(init_.rank, init_.size);
   // Pairs copy the context timeout when they are created and use it as their
-  // socket read/write timeout, so it must be the op timeout already.
-  ctx->setTimeout(op_timeout_.load());
-  StoreAdapter store(*init_.store, prefix, init_.init_timeout);
-  ctx->connectFullMesh(store, device_);
+  // socket read/write timeout, so it must be the op timeout already; the
+  // sync mesh keeps it, and ops with another timeout use the async mesh.
+  sync_timeout_ = op_timeout_.load();
+  async_mesh_->setTimeout(sync_timeout_);
+  sync_mesh_->setTimeout(sync_timeout_);
+  Mesh::connect({{async_mesh_.get(), &async_store}, {sync_mesh_.get(), &sync_store}}, *device_);
+  sync_mesh_->set_sync(config_.busy_poll == "1", *device_);
   // Gloo's text names a peer by its connection's remote end (remember_endpoints)
   // or, on the side that accepted, by the address the peer listened on.
-  for (int r = 0; r < init_.size; ++r) {
-    if (r != init_.rank) peer_endpoints_.emplace_back(store.pair_listen_address(r, init_.rank, init_.size), r);
+  for (StoreAdapter* store : {&async_store, &sync_store}) {
+    for (int r = 0; r < init_.size; ++r) {
+      if (r != init_.rank) peer_endpoints_.emplace_back(store->pair_listen_address(r, init_.rank, init_.size), r);
+    }
   }
-  return ctx;
 }
 
 Status GlooBackend::init() {
@@ -134,14 +142,7 @@ Status GlooBackend::init() {
   const SocketFds sockets_before = socket_fds();
   try {
     device_ = shared_device(config_);
-    async_mesh_ = connect_mesh("async/");
-    // The sync mesh's pairs take their read timeout now; ops with another
-    // timeout use the async mesh.
-    sync_timeout_ = op_timeout_.load();
-    sync_mesh_ = connect_mesh("sync/");
-    for (int r = 0; r < init_.size; ++r) {
-      if (r != init_.rank) sync_mesh_->getPair(r)->setSync(true, config_.busy_poll == "1");
-    }
+    connect_meshes();
     size_send_buffers(*sync_mesh_, *async_mesh_, init_.init_timeout);
     const std::set<int> opened = sockets_opened_since(sockets_before);
     transport_ = std::make_unique<GlooTransport>(sync_mesh_, config_.spin, opened);
@@ -257,9 +258,7 @@ Status GlooBackend::set_hints(const Hints& hints) {
       config_.busy_poll_enabled = cfg.busy_poll_enabled;
       config_.spin = cfg.spin;
       if (sync_mesh_) {
-        for (int r = 0; r < init_.size; ++r) {
-          if (r != init_.rank) sync_mesh_->getPair(r)->setSync(true, cfg.busy_poll == "1");
-        }
+        sync_mesh_->set_sync(cfg.busy_poll == "1", *device_);
         transport_->set_spin(cfg.spin);
       }
     } else {
@@ -288,8 +287,8 @@ Status GlooBackend::finalize() {
   transport_.reset();  // its buffers unregister from the pairs
   if (async_ops_) async_ops_->reset();
   try {
-    if (async_mesh_) async_mesh_->closeConnections();
-    if (sync_mesh_) sync_mesh_->closeConnections();
+    if (async_mesh_) async_mesh_->close(*device_);
+    if (sync_mesh_) sync_mesh_->close(*device_);
   } catch (const std::exception& e) {
     async_mesh_.reset();
     sync_mesh_.reset();
