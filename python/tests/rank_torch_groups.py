@@ -117,6 +117,26 @@ def destroy_finalizes_exactly_that_group(rank, size):
 
 
 @check
+def destroy_unreferenced_groups_keeps_exactly_the_held_ones(rank, size):
+    comms.torch.destroy_unreferenced_groups()  # what earlier checks left
+    kept = dist.new_group(list(range(size)))
+    dropped = dist.new_group(list(range(size)))
+    in_cycle = dist.new_group(list(range(size)))
+    backends = {"kept": comms.torch._backend_of(kept), "dropped": comms.torch._backend_of(dropped),
+                "in_cycle": comms.torch._backend_of(in_cycle)}
+    node = {"group": in_cycle}
+    node["self"] = node  # only a collection finds this group unreferenced
+    del dropped, in_cycle, node
+    expect(comms.torch.destroy_unreferenced_groups(), 2, "groups destroyed: the dropped one and the one in a cycle")
+    expect({name: b.is_finalized for name, b in backends.items()},
+           {"kept": False, "dropped": True, "in_cycle": True}, "which comms were finalized")
+    expect(summed([2], kept), [2 * size], "all_reduce on the kept group")
+    expect(comms.torch.destroy_unreferenced_groups(), 0, "a second call, with only a held group")
+    dist.destroy_process_group(kept)
+    expect(comms.torch.destroy_unreferenced_groups(), 0, "a call with no group but the world")
+
+
+@check
 def offload_reload_keeps_every_option(rank, size):
     opts = comms.torch.Options(timeout=23, busy_poll=False, **({"max_ctas": 4} if has_lazy_nccl() else {}))
     g = dist.new_group(list(range(size)), pg_options=opts)

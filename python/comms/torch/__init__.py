@@ -292,11 +292,26 @@ def destroy_unreferenced_groups():
     rank at the same point, like destroy_process_group: the groups go in
     creation order, the same on every rank. Returns how many it destroyed; a
     comm that fails to release raises comms.Error."""
-    gc.collect()  # groups held only by cycles are unreferenced too
+    unreferenced, all_unreferenced = _unreferenced_groups()
+    if not all_unreferenced:
+        # Some group is still referenced: maybe only by a cycle, which a full
+        # collection frees. It walks the whole heap (a large share of a
+        # second in a process holding torch and Megatron), so only then.
+        unreferenced = None  # its references would count in the second look
+        gc.collect()
+        unreferenced, _ = _unreferenced_groups()
+    for pg in unreferenced:
+        _dist.destroy_process_group(pg)
+    return len(unreferenced)
+
+
+def _unreferenced_groups():
+    """The comms groups, in creation order, that only torch's bookkeeping
+    holds, and whether that is every comms group but the world."""
     world = _c10d._get_default_group() if _dist.is_initialized() else None
     candidates = [pg for pg in list(_c10d._pg_map) if pg is not world and _backend_of(pg) is not None]
     if not candidates:
-        return 0
+        return [], True
     registry = _torch_registry()
     # References this function itself holds, measured on an object held the
     # same way (in a list, through a loop variable): refcounts differ across
@@ -304,10 +319,7 @@ def destroy_unreferenced_groups():
     probes = [object()]
     own = [_references(probe) for probe in probes][0]
     unreferenced = [pg for pg in candidates if _references(pg) - own - _registry_holds(pg, registry) <= 0]
-    del candidates
-    for pg in unreferenced:
-        _dist.destroy_process_group(pg)
-    return len(unreferenced)
+    return unreferenced, len(unreferenced) == len(candidates)
 
 
 def can_register_tensors(device_type="cuda", group=None):
