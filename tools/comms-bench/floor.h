@@ -2,7 +2,7 @@
 // host. n threads of one process stand in for n ranks, each rank's buffers
 // are plain memory of this process, and the threads move exactly the bytes
 // the op must move (docs/BENCHMARKS.md#the-floor says what, per op) with
-// plain loads and stores and the library's reduction kernels. No transport,
+// plain loads and stores and plain reduction loops (plain_reductions.h). No transport,
 // no copy through the kernel, no bounce buffer: what is left is what memory
 // and one cross-core handoff cost.
 #pragma once
