@@ -136,7 +136,7 @@ Floor::Floor(const FloorShape& shape) : s_(shape) {
   plan();
 }
 
-// The pieces mirror the buffers Bench::issue passes (runner.cc) for the op.
+// The pieces mirror the buffers Bench::op_of gives the op (runner.cc).
 void Floor::plan() {
   const int n = s_.n;
   const size_t c = s_.count, S = c * es_;

@@ -18,7 +18,7 @@
 
 namespace comms::bench {
 
-// The op as comms-bench issues it (runner.cc, Bench::issue): `count` is the
+// The op as comms-bench issues it (runner.cc, Bench::op_of): `count` is the
 // per-rank element count of OpDesc; ops whose size is a total (all_gather,
 // reduce_scatter, all_to_all, gather, scatter) have buffers of count * n.
 struct FloorShape {
