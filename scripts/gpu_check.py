@@ -10,7 +10,7 @@
 runs each check (the NCCL plugin's GPU unit tests, the conformance suite on
 CUDA buffers at world size = number of GPUs, the GPU story tests under
 commsrun, the elastic tests (planned shrink, revoke then recover; at 2 ranks too),
-comms-bench --overhead at four sizes, comms.torch built against the
+comms-bench --overhead --raw-nccl at four sizes, comms.torch built against the
 machine's torch and its CUDA checks), prints a line per check, and
 exits 1 if any failed. Every check has a time bound.
 """
@@ -271,8 +271,9 @@ class Runner:
                     "fail" if failed else "pass", secs, details, data)
 
     def bench(self, graph=False):
-        """comms-bench --overhead at each size, BENCH_RUNS times: the median and
-        the spread of comms' p50 minus raw NCCL's p50 (same config, same stream).
+        """comms-bench --overhead --raw-nccl at each size, BENCH_RUNS times: the
+        median and the spread of comms' p50 minus raw NCCL's p50 (same config,
+        same stream): libcomms' and the plugin's overhead, what the targets are on.
         graph: both sides captured once in a CUDA graph and replayed (--graph)."""
         tag = "-graph" if graph else ""
         rows, failures, summary, total, missed = [], [], [], 0.0, 0
@@ -282,7 +283,7 @@ class Runner:
                 json_path = os.path.join(self.out, "bench%s-%s-%d.json" % (tag, size, run))
                 argv = self.commsrun(self.gpus, 280) + [
                     self.path("tools/comms-bench"), "--device", "cuda", "--backend", "cpu:gloo,cuda:nccl",
-                    "--overhead", "-c", "1", "-b", size, "-e", size, "-n", str(iters), "-w", str(warmup),
+                    "--overhead", "--raw-nccl", "-c", "1", "-b", size, "-e", size, "-n", str(iters), "-w", str(warmup),
                     "-C", "all_reduce", "-d", "float32", "--json", json_path] + (["--graph"] if graph else [])
                 rc, output, secs = self.execute("bench%s-%s-%d" % (tag, size, run), argv, 300)
                 total += secs
@@ -311,7 +312,7 @@ class Runner:
                 self.targets_missed += 0 if met else 1
                 missed += 0 if met else 1
         self.record("bench_overhead" + tag.replace("-", "_"),
-                    "comms-bench --device cuda --overhead -c 1%s (all_reduce float32, %d runs per size%s)" % (
+                    "comms-bench --device cuda --overhead --raw-nccl -c 1%s (all_reduce float32, %d runs per size%s)" % (
                         " --graph" if graph else "", BENCH_RUNS, ", captured once, replays timed" if graph else ""),
                     "fail" if failures or missed else "pass", total, "; ".join(failures + summary), {"rows": rows})
 

@@ -101,8 +101,8 @@ Status translate_hints(const Hints& hints, int nccl_version_code, TranslatedHint
 
 // The fields the plugin hands NCCL for a comm named `comm_name`: the hints'
 // fields, always non-blocking (blocking=0, see README), and commName defaulting
-// to the comm's name. comms-bench's raw-NCCL baseline uses it too, so both
-// communicators get one config.
+// to the comm's name. describe() reports them as "nccl_config", from which
+// comms-bench's raw-NCCL baseline builds its own communicator's config.
 NcclConfigFields plugin_config_fields(NcclConfigFields hinted, const std::string& comm_name);
 
 // The child's hints for a split: the parent's, overridden by the call's.

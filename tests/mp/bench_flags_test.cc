@@ -83,12 +83,13 @@ TEST(BenchFlags, RawNcclWithoutDeviceCudaIsRefused) {
   expect_refused(bench(1, {"--raw-nccl"}), "comms-bench: --raw-nccl times NCCL on CUDA buffers; give --device cuda as well");
 }
 
-TEST(BenchFlags, GlooBaselinesOnCudaBuffersAreRefusedPointingAtRawNccl) {
-  for (const char* flag : {"--raw-gloo", "--gloo-native"}) {
-    expect_refused(bench(1, {"--device", "cuda", flag}),
-                   std::string("comms-bench: ") + flag +
-                       " times Gloo on CPU buffers; with --device cuda, --raw-nccl (or --overhead) is the baseline");
-  }
+TEST(BenchFlags, CpuOnlyBaselinesOnCudaBuffersAreRefusedPointingAtTheCudaOnes) {
+  expect_refused(bench(1, {"--device", "cuda", "--gloo-native"}),
+                 "comms-bench: --gloo-native times Gloo on CPU buffers; with --device cuda, --raw-plugin (the nccl "
+                 "plugin), --raw-nccl or --overhead is the baseline");
+  expect_refused(bench(1, {"--device", "cuda", "--raw-gloo"}),
+                 "comms-bench: --raw-gloo times the cpu backend's plugin on CPU buffers; with --device cuda, "
+                 "--raw-plugin (the nccl plugin), --raw-nccl or --overhead is the baseline");
 }
 
 // CUDA_VISIBLE_DEVICES=-1 hides every device, so this holds on a GPU machine
@@ -158,12 +159,12 @@ TEST(BenchFlags, NcclTestsFlagsKeepNcclTestsMeanings) {
   EXPECT_NE(b.output.find("# no wrong results"), std::string::npos) << b.output;
 }
 
-// A one-rank job has nothing to connect: the Gloo baselines run what the
-// backend runs there (a copy) and every row reports checked numbers.
-TEST(BenchFlags, GlooBaselinesRunOnOneRank) {
+// Every CPU baseline runs at one rank (a one-rank plugin, a one-rank copy
+// for Gloo's own) and every row reports checked numbers.
+TEST(BenchFlags, BaselinesRunOnOneRank) {
   TempDir dir;
   const std::string json = (dir.path / "out.json").string();
-  for (const std::string flag : {"--overhead", "--raw-gloo", "--gloo-native"}) {
+  for (const std::string flag : {"--overhead", "--raw-plugin", "--raw-gloo", "--gloo-native"}) {
     const auto p = bench(1, {flag, "-C", "all_reduce", "-b", "4K", "-e", "8K", "--json", json});
     ASSERT_EQ(p.exit_code(), 0) << flag << "\n" << p.output;
     EXPECT_NE(p.output.find("# no wrong results"), std::string::npos) << flag << "\n" << p.output;
@@ -175,10 +176,42 @@ TEST(BenchFlags, GlooBaselinesRunOnOneRank) {
       EXPECT_GT(r["p50_us"].get<double>(), 0) << flag << ": " << r.dump();
       if (flag == "--overhead") {
         EXPECT_EQ(r["baseline"], "comms") << r.dump();
+        EXPECT_EQ(r["overhead_baseline"], "plugin:gloo") << r.dump();
         EXPECT_GT(r["raw_p50_us"].get<double>(), 0) << r.dump();
       } else {
-        EXPECT_EQ(r["baseline"], flag == "--raw-gloo" ? "same-algorithm" : "gloo-native") << r.dump();
+        EXPECT_EQ(r["baseline"], flag == "--gloo-native" ? "gloo-native" : "plugin:gloo") << r.dump();
       }
+    }
+  }
+}
+
+// The overhead baseline is the comm's own plugin, whichever it is, and both
+// sides' results are checked; Gloo's own algorithms are checked across the
+// size where they change from the algorithm classes to the collectives.
+TEST(BenchFlags, BaselinesAtTwoRanksGiveRightResults) {
+  TempDir dir;
+  const std::string json = (dir.path / "out.json").string();
+  for (const std::string backend : {"cpu:gloo", "cpu:ucx"}) {
+    const auto p = bench(2, {"--overhead", "-C", "all_reduce", "-b", "8", "-e", "1M", "-f", "64", "--json", json},
+                         {{"COMMS_BACKEND", backend}});
+    ASSERT_EQ(p.exit_code(), 0) << backend << "\n" << p.output;
+    const auto rows = nlohmann::json::parse(std::ifstream(json));
+    EXPECT_EQ(rows.size(), 3u) << backend << ": 8 B, 512 B and 32 KiB: " << rows.dump();
+    for (const auto& r : rows) {
+      EXPECT_EQ(r["wrong"], 0) << backend << ": " << r.dump();
+      EXPECT_EQ(r["overhead_baseline"], "plugin:" + backend.substr(4)) << r.dump();
+      EXPECT_GT(r["raw_p50_us"].get<double>(), 0) << r.dump();
+    }
+  }
+  for (const std::string op : {"all_reduce", "broadcast", "reduce_scatter", "all_gather", "send_recv"}) {
+    const auto p = bench(2, {"--gloo-native", "-C", op, "-b", "64K", "-e", "1M", "-f", "16", "-o", "avg", "--json",
+                             json});
+    ASSERT_EQ(p.exit_code(), 0) << op << "\n" << p.output;
+    const auto rows = nlohmann::json::parse(std::ifstream(json));
+    EXPECT_EQ(rows.size(), 2u) << op << ": 64 KiB and 1 MiB: " << rows.dump();
+    for (const auto& r : rows) {
+      EXPECT_EQ(r["wrong"], 0) << op << ": " << r.dump();
+      EXPECT_EQ(r["baseline"], "gloo-native") << r.dump();
     }
   }
 }

@@ -7,9 +7,7 @@
 #if COMMS_BENCH_CUDA
 #include <cuda_runtime.h>
 
-#include "nccl_backend.h"
-#include "nccl_hints.h"
-#include "raw_nccl.h"
+#include "nccl_table.h"
 #endif
 
 namespace comms::bench {
@@ -41,8 +39,8 @@ void check(cudaError_t e, const std::string& what) {
 
 // Why NCCL cannot run it; empty when it can. cc_major < 0: device unknown.
 std::string nccl_refusal(OpType type, DataType dtype, ReduceKind kind, bool raw, int cc_major, int cc_minor) {
-  if (raw) return nccl::RawNccl::refusal(type, dtype, kind, cc_major, cc_minor);
-  return reduces(type) ? nccl::plan_reduction(dtype, kind, cc_major, cc_minor).reason : std::string();
+  if (raw) return raw_nccl_refusal(type, dtype, kind, cc_major, cc_minor);
+  return reduces(type) ? nccl_reduction_for(dtype, kind, cc_major, cc_minor).refusal : std::string();
 }
 
 class CudaBenchImpl final : public CudaBench {
@@ -62,7 +60,6 @@ class CudaBenchImpl final : public CudaBench {
     // close() reports failures; here nothing can, and exit must not wait.
     uncapture(false);
     uncapture(true);
-    raw_.reset();
     if (in_) cudaFree(in_);
     if (out_) cudaFree(out_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -109,24 +106,6 @@ class CudaBenchImpl final : public CudaBench {
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
-  void connect_raw(Store& store, int rank, int size, const Hints& nccl_hints, const std::string& comm_name,
-                   std::chrono::milliseconds init_timeout, std::chrono::milliseconds op_timeout) override {
-    nccl::RawNccl::Options o;
-    o.rank = rank;
-    o.size = size;
-    o.device = device_;
-    o.hints = nccl_hints;
-    o.comm_name = comm_name;
-    o.init_timeout = init_timeout;
-    o.op_timeout = op_timeout;
-    raw_ = std::make_unique<nccl::RawNccl>(nccl::real_nccl_api(), store, std::move(o));
-  }
-  void run_raw(OpType type, const void* input, void* output, size_t count, DataType dtype, const ReduceOp& op,
-               int root, int peer) override {
-    raw_->run(type, input, output, count, dtype, op, root, peer, stream_);
-  }
-  std::string algorithm(OpType type) const override { return nccl::RawNccl::call_name(type); }
-
   void capture(bool raw, const std::function<void()>& issue) override {
     uncapture(raw);
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
@@ -155,14 +134,6 @@ class CudaBenchImpl final : public CudaBench {
     uncapture(true);
     std::string errors;
     auto note = [&](const std::string& e) { errors += (errors.empty() ? "" : "; ") + e; };
-    if (raw_) {
-      try {
-        raw_->finalize();
-      } catch (const std::exception& e) {
-        note(e.what());
-      }
-      raw_.reset();
-    }
     try {
       release_buffers();
     } catch (const std::exception& e) {
@@ -199,8 +170,7 @@ class CudaBenchImpl final : public CudaBench {
   void* in_ = nullptr;
   void* out_ = nullptr;
   size_t capacity_ = 0;
-  std::unique_ptr<nccl::RawNccl> raw_;
-  cudaGraphExec_t graphs_[2] = {nullptr, nullptr};  // [raw]: comms', raw NCCL's
+  cudaGraphExec_t graphs_[2] = {nullptr, nullptr};  // [raw]: comms', the baseline's
 };
 #endif
 
@@ -228,16 +198,12 @@ void check_cuda(OpType type, DataType dtype, ReduceKind kind, bool raw, int loca
 #endif
 }
 
-std::unique_ptr<CudaBench> CudaBench::open(int device, const Hints& nccl_hints) {
+std::unique_ptr<CudaBench> CudaBench::open(int device, bool high_priority) {
 #if !COMMS_BENCH_CUDA
-  (void)device, (void)nccl_hints;
+  (void)device, (void)high_priority;
   no_cuda();
 #else
-  nccl::TranslatedHints t;
-  if (Status s = nccl::translate_hints(nccl_hints, NCCL_VERSION_CODE, &t); !s.is_ok()) {
-    throw Error(s.code, str::cat("comms-bench: the comm's nccl hints: ", s.message));
-  }
-  return std::make_unique<CudaBenchImpl>(device, t.priority == nccl::StreamPriority::kHigh);
+  return std::make_unique<CudaBenchImpl>(device, high_priority);
 #endif
 }
 

@@ -1,10 +1,11 @@
-// comms-bench on CUDA buffers (--device cuda): the rank's device buffers, the
-// stream every op runs on, and the raw-NCCL baseline (backends/nccl/raw_nccl.h).
-// Only bench_cuda.cc sees CUDA; in a build without CUDA check_cuda() refuses.
+// comms-bench on CUDA buffers (--device cuda): the rank's device buffers and
+// the stream every op runs on, the comm's and the baselines' alike. Only
+// bench_cuda.cc and raw_nccl.cc see CUDA; in a build without CUDA
+// check_cuda() refuses.
 //
 // Timing: an iteration is the host's wall time from issuing the op until
-// cudaStreamSynchronize on the bench's stream returns, for comms and raw NCCL
-// alike. That is what a caller who waits for its result sees: it includes
+// cudaStreamSynchronize on the bench's stream returns, for comms and its
+// baseline alike. That is what a caller who waits for its result sees: it includes
 // libcomms' and the plugin's host work (validation, dispatch, the event
 // hops to and from the plugin's internal stream) and the device-side cost of
 // those hops. GPU events around the op would time only the device's
@@ -14,30 +15,29 @@
 // on an idle stream, so no queued work blurs the next op.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "comms/options.h"
 #include "comms/plugin.h"
-#include "comms/store.h"
 
 namespace comms::bench {
 
 // Refuses, before any rendezvous, what --device cuda cannot run: a build
-// without CUDA, an op/type/reduction NCCL lacks (`raw`: also what only the
-// plugin emulates), and no CUDA device for `local_rank`. Throws
-// comms::Error naming the reason and the flags.
+// without CUDA, an op/type/reduction NCCL lacks (nccl_table.h; `raw`: also
+// the ops only the plugin emulates on an older NCCL), and no CUDA device for
+// `local_rank`. Throws comms::Error naming the reason and the flags.
 void check_cuda(plugin::OpType type, DataType dtype, ReduceKind kind, bool raw, int local_rank);
 
 class CudaBench {
  public:
-  // Makes cuda:`device` current and creates the stream ops run on, at the
-  // priority the comm's nccl hints give the plugin's internal stream.
-  static std::unique_ptr<CudaBench> open(int device, const Hints& nccl_hints);
+  // Makes cuda:`device` current and creates the stream ops run on: at the
+  // device's greatest priority when `high_priority` (the nccl plugin's
+  // stream priority class for the comm, from its describe()), else CUDA's
+  // default.
+  static std::unique_ptr<CudaBench> open(int device, bool high_priority);
   virtual ~CudaBench() = default;
 
   virtual int device() const = 0;
@@ -56,15 +56,6 @@ class CudaBench {
   virtual void download(std::vector<uint8_t>& in, std::vector<uint8_t>& out) = 0;
   virtual void synchronize() = 0;  // cudaStreamSynchronize; throws on an error
 
-  // --raw-nccl / --overhead: creates the raw communicator (collective), with
-  // the config the plugin makes for `nccl_hints` and `comm_name`.
-  virtual void connect_raw(Store& store, int rank, int size, const Hints& nccl_hints, const std::string& comm_name,
-                           std::chrono::milliseconds init_timeout, std::chrono::milliseconds op_timeout) = 0;
-  virtual void run_raw(plugin::OpType type, const void* input, void* output, size_t count, DataType dtype,
-                       const ReduceOp& op, int root, int peer) = 0;
-  // The NCCL call(s) an op is, for both paths (the plugin makes the same
-  // calls on NCCL >= 2.28; before, it emulates all_to_all, gather, scatter).
-  virtual std::string algorithm(plugin::OpType type) const = 0;
   // --graph: captures what `issue` enqueues on stream() into a CUDA graph
   // (one for comms, one for raw), replacing the previous; replay launches it
   // (returns at once, like an op). uncapture drops it.
@@ -72,8 +63,7 @@ class CudaBench {
   virtual bool captured(bool raw) const = 0;
   virtual void replay(bool raw) = 0;
   virtual void uncapture(bool raw) = 0;
-  // Releases the raw communicator, the buffers and the stream; throws on a
-  // failure to release.
+  // Releases the buffers and the stream; throws on a failure to release.
   virtual void close() = 0;
 };
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <thread>
 
-#include "reductions.h"
+#include "plain_reductions.h"
 
 namespace comms::bench {
 
@@ -136,7 +136,7 @@ Floor::Floor(const FloorShape& shape) : s_(shape) {
   plan();
 }
 
-// The pieces mirror the buffers Bench::issue passes (runner.cc) for the op.
+// The pieces mirror the buffers Bench::op_of gives the op (runner.cc).
 void Floor::plan() {
   const int n = s_.n;
   const size_t c = s_.count, S = c * es_;
@@ -212,7 +212,7 @@ void Floor::plan() {
     default: throw std::invalid_argument("the floor does not define this op");
   }
   for (const Piece& p : pieces_) {
-    if (p.kind == Piece::Kind::kReduce && !cpu_algorithms::reduce_fn(s_.dtype, s_.redop.kind)) {
+    if (p.kind == Piece::Kind::kReduce && !plain_reduce_fn(s_.dtype, s_.redop.kind)) {
       throw std::invalid_argument(std::string("the floor has no reduction ") + to_string(s_.redop) + " for " +
                                   std::string(to_string(s_.dtype)));
     }
@@ -221,7 +221,7 @@ void Floor::plan() {
 
 void Floor::run_piece(const Piece& p, size_t begin, size_t end) const {
   const size_t block = std::max<size_t>(1, kBlockBytes / es_);
-  const auto fn = p.kind == Piece::Kind::kReduce ? cpu_algorithms::reduce_fn(s_.dtype, s_.redop.kind) : nullptr;
+  const auto fn = p.kind == Piece::Kind::kReduce ? plain_reduce_fn(s_.dtype, s_.redop.kind) : nullptr;
   for (size_t b = begin; b < end; b += block) {
     const size_t k = std::min(block, end - b), off = b * es_, bytes = k * es_;
     switch (p.kind) {
@@ -239,8 +239,7 @@ void Floor::run_piece(const Piece& p, size_t begin, size_t end) const {
           fn(d0, p.srcs[0] + off, p.srcs[1] + off, k);
           for (size_t i = 2; i < p.srcs.size(); ++i) fn(d0, d0, p.srcs[i] + off, k);
         }
-        if (s_.redop.kind == ReduceKind::kAvg) cpu_algorithms::divide(d0, s_.dtype, k, s_.n);
-        if (s_.redop.kind == ReduceKind::kPremulSum) cpu_algorithms::scale(d0, s_.dtype, k, s_.redop.scalar);
+        finish_reduction(d0, s_.dtype, k, s_.redop, s_.n);
         for (size_t i = 1; i < p.dsts.size(); ++i) std::memcpy(p.dsts[i] + off, d0, bytes);
         break;
       }

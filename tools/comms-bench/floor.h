@@ -2,7 +2,7 @@
 // host. n threads of one process stand in for n ranks, each rank's buffers
 // are plain memory of this process, and the threads move exactly the bytes
 // the op must move (docs/BENCHMARKS.md#the-floor says what, per op) with
-// plain loads and stores and the library's reduction kernels. No transport,
+// plain loads and stores and plain reduction loops (plain_reductions.h). No transport,
 // no copy through the kernel, no bounce buffer: what is left is what memory
 // and one cross-core handoff cost.
 #pragma once
@@ -18,7 +18,7 @@
 
 namespace comms::bench {
 
-// The op as comms-bench issues it (runner.cc, Bench::issue): `count` is the
+// The op as comms-bench issues it (runner.cc, Bench::op_of): `count` is the
 // per-rank element count of OpDesc; ops whose size is a total (all_gather,
 // reduce_scatter, all_to_all, gather, scatter) have buffers of count * n.
 struct FloorShape {

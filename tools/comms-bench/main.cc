@@ -5,17 +5,18 @@
 // iteration on every rank, combines each iteration over ranks (-a; default
 // the slowest rank), and prints the mean, p50 and p99 with algbw and busbw
 // (nccl-tests' busbw factors).
-// --raw-gloo times the Gloo backend's own algorithm for the same op and size
-// called directly (backends/gloo/raw_gloo.h), so libcomms' overhead shows;
-// --gloo-native times Gloo's own algorithm classes instead; --overhead
-// alternates comms and the raw call every iteration and reports both.
+// The baselines (baseline.h): --raw-plugin (alias --raw-gloo) times the
+// comm's own backend plugin called directly through the plugin ABI
+// (plugin_baseline.h), so libcomms' overhead shows; --gloo-native times
+// Gloo's own algorithm classes (gloo_native.h); with --device cuda,
+// --raw-nccl times NCCL's API called directly (raw_nccl.h). --overhead
+// alternates comms and the baseline every iteration and reports both.
 // --floor adds each row's memory-bound floor on this host (floor.h) and the
-// ratio p50 / floor.
-// --device cuda runs on the rank's GPU (bench_cuda.h: buffers, stream,
-// timing), and --raw-nccl is there what --raw-gloo is on CPU buffers.
+// ratio p50 / floor. --device cuda runs on the rank's GPU (bench_cuda.h:
+// buffers, stream, timing).
 //
-// Files: bench/options (flags and their checks), bench/runner (one row's
-// measurement), bench/report (table and JSON); this file wires them up.
+// Files: options (flags and their checks), runner (one row's measurement),
+// report (table and JSON), the baselines, floor; this file wires them up.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,9 +27,14 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "gloo_native.h"
 #include "options.h"
+#include "plugin_baseline.h"
 #include "report.h"
 #include "runner.h"
+#if COMMS_BENCH_CUDA
+#include "raw_nccl.h"
+#endif
 #include "comms/comms.h"
 #include "util/strutil.h"
 
@@ -75,19 +81,22 @@ Setup check_flags(const Flags& f) {
   if (f.floor && s.on_cuda) bad_flag("--floor", " is the floor of host memory; it has none for --device cuda");
   if (s.on_cuda && (f.raw_gloo || f.gloo_native)) {
     bad_flag(f.raw_gloo ? "--raw-gloo" : "--gloo-native",
-             " times Gloo on CPU buffers; with --device cuda, --raw-nccl (or --overhead) is the baseline");
+             f.raw_gloo ? " times the cpu backend's plugin on CPU buffers; with --device cuda, --raw-plugin (the "
+                          "nccl plugin), --raw-nccl or --overhead is the baseline"
+                        : " times Gloo on CPU buffers; with --device cuda, --raw-plugin (the nccl plugin), "
+                          "--raw-nccl or --overhead is the baseline");
   }
   for (const std::string& h : f.hint_texts) {
     const size_t eq = h.find('=');
     if (eq == std::string::npos || eq == 0) bad_flag("--hint", str::cat("='", h, "' is not KEY=VALUE"));
     s.options.hints[h.substr(0, eq)] = h.substr(eq + 1);
   }
-  if (s.on_cuda) bench::check_cuda(s.op->type, s.dtype, s.redop.kind, f.has_raw(), bootstrap_from_environment().local_rank);
+  if (s.on_cuda) bench::check_cuda(s.op->type, s.dtype, s.redop.kind, f.raw_nccl, bootstrap_from_environment().local_rank);
   return s;
 }
 
-// --device cuda: the rank's device, stream and (with a baseline) raw NCCL
-// on the comm's nccl configuration.
+// --device cuda: the rank's device and stream, the priority the nccl plugin
+// gave its own stream for this comm.
 std::unique_ptr<CudaBench> open_cuda(const Flags& f, const Setup& s, Comm& comm, const nlohmann::json& described) {
   // The bench's own bookkeeping (timings, checks) runs on CPU buffers.
   if (comm.backends().backend_for(DeviceType::kCuda) != "nccl" || !comm.backends().has(DeviceType::kCpu)) {
@@ -95,15 +104,34 @@ std::unique_ptr<CudaBench> open_cuda(const Flags& f, const Setup& s, Comm& comm,
                                        "backends are '", comm.backend_string(),
                                        "': give e.g. --backend cpu:gloo,cuda:nccl"));
   }
-  Hints nccl_hints;  // as routed to the backend, "nccl." removed
-  for (const auto& h : described["backends"]["cuda"]["hints"].items()) nccl_hints[h.key()] = h.value();
-  auto cuda = CudaBench::open(comm.local_rank(), nccl_hints);
-  cuda->check_supported(s.op->type, s.dtype, s.redop.kind, f.has_raw());
-  if (f.has_raw()) {
-    cuda->connect_raw(*make_prefix_store("raw-nccl", comm.store()), comm.rank(), comm.size(), nccl_hints,
-                      comm.name(), comm.init_timeout(), comm.op_timeout());
-  }
+  const nlohmann::json::json_pointer priority("/backends/cuda/config/stream_priority/class");
+  auto cuda = CudaBench::open(comm.local_rank(), described.value(priority, "") == "high");
+  cuda->check_supported(s.op->type, s.dtype, s.redop.kind, f.raw_nccl);
   return cuda;
+}
+
+// The baseline the flags name, connected (collective over the comm); null
+// without one.
+std::unique_ptr<Baseline> open_baseline(const Flags& f, Comm& comm, CudaBench* cuda, const nlohmann::json& described) {
+  if (!f.has_raw()) return nullptr;
+  if (f.gloo_native) {
+    // Reads wait as the gloo backend's do when it spins (its resolved busy_poll).
+    const nlohmann::json::json_pointer busy_poll("/backends/cpu/config/busy_poll");
+    return open_gloo_native(*make_prefix_store("comms-bench/gloo-native", comm.store()), comm.rank(), comm.size(),
+                            comm.local_size(), comm.op_timeout(), described.value(busy_poll, "") == "1");
+  }
+  if (f.raw_nccl) {  // check_flags let it through only with CUDA
+#if COMMS_BENCH_CUDA
+    const nlohmann::json::json_pointer config("/backends/cuda/config/nccl_config");
+    if (!described.contains(config) || !described.at(config).is_object()) {
+      throw Error(ErrorCode::kInternal, "comms-bench: --raw-nccl builds its communicator's config from the nccl "
+                                        "plugin's describe() \"nccl_config\", which this comm's does not have");
+    }
+    return open_raw_nccl(*make_prefix_store("comms-bench/raw-nccl", comm.store()), comm.rank(), comm.size(),
+                         cuda->device(), described.at(config), comm.init_timeout(), comm.op_timeout());
+#endif
+  }
+  return open_plugin_baseline(comm, cuda ? Device::cuda(cuda->device()) : Device::cpu(), described);
 }
 
 // Two buffers of the largest size on every rank of this host (and on the
@@ -182,22 +210,16 @@ int run(const Flags& f) {
                                  " ranks on this one"));
   }
   check_memory(f, s, *comm, cuda.get());
-  std::unique_ptr<gloo_backend::RawGloo> raw;
-  if (!s.on_cuda && f.has_raw()) {
-    // Reads wait as the backend's do: its resolved busy_poll.
-    const std::string busy_poll = described["backends"]["cpu"]["config"].value("busy_poll", "auto");
-    raw = std::make_unique<gloo_backend::RawGloo>(
-        *make_prefix_store("raw-gloo", comm->store()), comm->rank(), comm->size(), comm->local_size(),
-        comm->op_timeout(), busy_poll,
-        f.gloo_native ? gloo_backend::RawGloo::Baseline::kGlooNative : gloo_backend::RawGloo::Baseline::kSameAlgorithm);
-  }
+  std::unique_ptr<Baseline> baseline = open_baseline(f, *comm, cuda.get(), described);
   // Rank 0's iteration counts rule, so every rank runs the same loop.
   int32_t plan[2] = {f.iters, f.warmup};
   comm->broadcast(BufferView::of(plan, 2), 0);
   Bench bench(comm, *s.op, s.dtype, s.redop, f.root, static_cast<Average>(f.average), plan[0], plan[1], f.check == 1,
-              raw.get(), cuda.get(), f.has_raw(), f.overhead, f.graph, f.floor);
+              baseline.get(), cuda.get(),
+              BackendPaths::from_describe(described, s.on_cuda ? DeviceType::kCuda : DeviceType::kCpu), f.overhead,
+              f.graph, f.floor);
   const RunInfo info{s.op, comm->size(), comm->backend_string(), cuda ? str::cat("cuda:", cuda->device()) : "cpu",
-                     cuda != nullptr, raw != nullptr, plan[0], plan[1]};
+                     cuda != nullptr, baseline ? baseline->name() : "", plan[0], plan[1]};
   // --json -: the JSON alone on stdout.
   if (comm->rank() == 0 && f.json_path != "-") print_header(f, info);
   const std::vector<Row> rows = run_rows(f, s, *comm, bench, unit);
@@ -207,8 +229,9 @@ int run(const Flags& f) {
     if (f.json_path != "-") std::printf("# %s wrong results\n", total_wrong ? "SOME" : "no");
     if (!f.json_path.empty()) write_json(f, info, rows);
   }
-  raw.reset();
-  if (cuda) cuda->close();  // the raw communicator before the comm's
+  // The baseline's connections go before the comm's, whose store they use.
+  if (baseline) baseline->finalize();
+  if (cuda) cuda->close();
   comm->finalize();
   return total_wrong ? 1 : 0;
 }

@@ -124,26 +124,28 @@ void add_flags(CLI::App& app, Flags& flags) {
   app.add_option("--device", flags.device_name, "where the buffers live: cpu, or cuda (the local rank's GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--hint", flags.hint_texts, "a comm hint KEY=VALUE, e.g. nccl.max_ctas=4 (repeatable)");
-  app.add_flag("--raw-gloo", flags.raw_gloo, "time the Gloo backend's algorithm called directly, without libcomms");
+  app.add_flag("--raw-plugin", flags.raw_plugin,
+               "time the comm's backend plugin called directly through the plugin ABI, without libcomms");
+  app.add_flag("--raw-gloo", flags.raw_gloo, "the older name of --raw-plugin, for the cpu backend only")
+      ->excludes("--raw-plugin");
   app.add_flag("--gloo-native", flags.gloo_native,
-               "time Gloo's own algorithm classes directly where the backend runs its own algorithms")
+               "time Gloo's own algorithm classes and collectives, through Gloo's API, without libcomms")
+      ->excludes("--raw-plugin")
       ->excludes("--raw-gloo");
   app.add_flag("--raw-nccl", flags.raw_nccl,
-               "with --device cuda: time the same op called straight through NCCL, on a communicator with the "
-               "plugin's config for this comm's hints, on the same stream")
+               "with --device cuda: time the op called straight through NCCL's API, on a communicator with the "
+               "config the nccl plugin reports for this comm, on the same stream")
+      ->excludes("--raw-plugin")
       ->excludes("--raw-gloo")
       ->excludes("--gloo-native");
   app.add_flag("--overhead", flags.overhead,
-               "time each op through comms and through the raw baseline in alternation; report both (raw Gloo, "
-               "same algorithm, on cpu; raw NCCL on cuda)")
-      ->excludes("--raw-gloo")
-      ->excludes("--gloo-native")
-      ->excludes("--raw-nccl");
+               "time each op through comms and through the baseline in alternation and report both (the plugin "
+               "called directly unless --gloo-native or --raw-nccl names another)");
   app.add_flag("--floor", flags.floor,
                "beside each row, the op's memory-bound floor on this host (the same bytes moved by one thread "
                "per rank in one process, plain loads and stores, timed in the same run) and p50 / floor");
   app.add_flag("--graph", flags.graph,
-               "with --device cuda: capture each size's op once in a CUDA graph (comms and the raw baseline "
+               "with --device cuda: capture each size's op once in a CUDA graph (comms and the baseline "
                "alike) and time its replays, as an inference engine issues it");
 }
 

@@ -40,12 +40,16 @@ struct Flags {
   std::vector<std::string> hint_texts;
   double factor = 2;
   int iters = 20, warmup = 5, check = 1, root = 0, ngpus = 1, average = int(Average::kMax);
-  bool inplace = false, outofplace = false, raw_gloo = false, gloo_native = false, overhead = false;
+  bool inplace = false, outofplace = false, overhead = false;
+  // The baseline (baseline.h): --raw-plugin, or its older name --raw-gloo
+  // (the CPU backend's plugin only), --gloo-native, --raw-nccl; --overhead
+  // alone means --raw-plugin.
+  bool raw_plugin = false, raw_gloo = false, gloo_native = false, raw_nccl = false;
   bool graph = false;  // --graph: time replays of a CUDA graph holding the op
-  bool raw_nccl = false;
   bool floor = false;  // --floor: each row's memory-bound floor (floor.h) and the ratio to it
 
-  bool has_raw() const { return raw_gloo || gloo_native || raw_nccl || overhead; }
+  bool has_raw() const { return raw_plugin || raw_gloo || gloo_native || raw_nccl || overhead; }
+  bool plugin_baseline() const { return has_raw() && !gloo_native && !raw_nccl; }
 };
 
 void add_flags(CLI::App& app, Flags& flags);

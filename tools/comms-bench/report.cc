@@ -6,16 +6,24 @@
 #include <nlohmann/json.hpp>
 
 namespace comms::bench {
+namespace {
+
+// What the header says the timed side is.
+std::string baseline_text(const Flags& flags, const RunInfo& run) {
+  if (run.baseline.empty()) return "";
+  const std::string what = flags.gloo_native ? "Gloo's own algorithms, without libcomms"
+                           : flags.raw_nccl  ? "raw NCCL: NCCL's calls without libcomms and the plugin"
+                                             : "the " + run.baseline.substr(run.baseline.find(':') + 1) +
+                                                   " plugin called directly, without libcomms";
+  return flags.overhead ? " (comms and " + what + ", alternating)" : " (" + what + ")";
+}
+
+}  // namespace
 
 void print_header(const Flags& flags, const RunInfo& run) {
   std::printf("# comms-bench %s, %d ranks, backend %s, %s buffers%s, %d iterations (%d warm-up)\n", run.op->name,
               run.ranks, run.backend.c_str(), run.where.c_str(),
-              flags.gloo_native              ? " (Gloo's own algorithms, without libcomms)"
-              : flags.overhead && run.cuda   ? " (comms and raw NCCL, same config and stream, alternating)"
-              : flags.overhead               ? " (comms and raw Gloo, same algorithm, alternating)"
-              : flags.raw_nccl               ? " (raw NCCL: the same calls without libcomms)"
-              : run.has_raw_gloo             ? " (raw Gloo: the backend's algorithm without libcomms)"
-                                             : "",
+              baseline_text(flags, run).c_str(),
               run.iters, run.warmup);
   if (flags.floor) {
     std::printf("# floor: the same bytes moved by %d threads of one process (one per rank), plain loads and "
@@ -43,24 +51,20 @@ void print_row(const Flags& flags, const Row& r) {
                 r.redop.c_str(), r.placement.c_str(), r.mean_us, r.p50_us, r.p99_us, r.algbw, r.busbw);
   }
   if (flags.floor) std::printf(" %10.2f %8.2f", r.floor_us, r.floor_ratio);
-  std::printf(" %7lld  %s\n", static_cast<long long>(r.wrong), r.algorithm.c_str());
+  // "-": the backend does not report its paths (backend_paths.h).
+  std::printf(" %7lld  %s\n", static_cast<long long>(r.wrong), r.algorithm.empty() ? "-" : r.algorithm.c_str());
   std::fflush(stdout);
 }
 
 void write_json(const Flags& flags, const RunInfo& run, const std::vector<Row>& rows) {
-  const bool cuda = run.cuda;
   nlohmann::json out = nlohmann::json::array();
   for (const auto& r : rows) {
     out.push_back({{"op", r.op}, {"bytes", r.bytes}, {"count", r.count}, {"dtype", r.dtype}, {"redop", r.redop},
                    {"placement", r.placement}, {"time_us", r.mean_us}, {"p50_us", r.p50_us},
                    {"p99_us", r.p99_us}, {"algbw_gbps", r.algbw}, {"busbw_gbps", r.busbw}, {"wrong", r.wrong},
                    {"ranks", run.ranks}, {"root", flags.root}, {"average", flags.average},
-                   {"device", flags.device_name}, {"raw_gloo", r.raw && !cuda},
-                   {"raw_nccl", r.raw && cuda},
-                   {"baseline", flags.gloo_native ? "gloo-native"
-                                : r.raw           ? (cuda ? "raw-nccl" : "same-algorithm")
-                                                  : "comms"},
-                   {"algorithm", r.algorithm}});
+                   {"device", flags.device_name}, {"baseline", r.raw ? run.baseline : "comms"}});
+    if (!r.algorithm.empty()) out.back()["algorithm"] = r.algorithm;
     out.back()["graph"] = flags.graph;
     if (flags.floor) {
       out.back()["floor_us"] = r.floor_us;
@@ -68,7 +72,7 @@ void write_json(const Flags& flags, const RunInfo& run, const std::vector<Row>& 
       out.back()["floor_p99_us"] = r.floor_p99_us;
     }
     if (flags.overhead) {
-      out.back()["overhead_baseline"] = cuda ? "raw-nccl" : "same-algorithm";
+      out.back()["overhead_baseline"] = run.baseline;
       out.back()["raw_p50_us"] = r.raw_p50_us;
       out.back()["raw_time_us"] = r.raw_mean_us;
       out.back()["overhead_us"] = r.p50_us - r.raw_p50_us;

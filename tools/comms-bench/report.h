@@ -16,7 +16,7 @@ struct RunInfo {
   std::string backend;
   std::string where;  // "cpu" or "cuda:N"
   bool cuda = false;
-  bool has_raw_gloo = false;  // a raw Gloo baseline was connected
+  std::string baseline;  // Baseline::name() of the connected baseline; "" without one
   int iters = 0, warmup = 0;
 };
 

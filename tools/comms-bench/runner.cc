@@ -12,7 +12,6 @@
 #include "comms/store.h"
 #include "floor.h"
 #include "util/strutil.h"
-#include <nlohmann/json.hpp>
 
 namespace comms::bench {
 
@@ -49,55 +48,79 @@ void Bench::fill(const Shape& s) {
   if (cuda_) cuda_->upload(in_, out_);
 }
 
-void Bench::issue(const Shape& s, bool use_raw) {
+BenchOp Bench::op_of(const Shape& s) const {
   const size_t count = s.count, es = s.es;
-  const int n = s.n, rank = s.rank, peer = s.peer;
-  const bool in_place = s.in_place;
   uint8_t* const in_base = s.in_base;
-  uint8_t* const out_base = s.out_base;
+  BenchOp op;
+  op.type = op_.type;
+  op.input = in_base;
+  op.output = s.in_place ? in_base : s.out_base;
+  op.count = count;
+  op.dtype = dtype_;
+  op.redop = redop_;
+  op.root = root_;
+  op.peer = s.peer;
+  op.device = s.device;
+  op.stream = s.opts.stream;
+  // In place, each op's input and output alias as OpDesc::in_place says.
+  op.in_place = s.in_place;
+  switch (op_.type) {
+    case OpType::kBroadcast: op.output = in_base; op.in_place = true; break;
+    case OpType::kAllGather:
+      if (s.in_place) op.input = in_base + s.rank * count * es;
+      break;
+    case OpType::kReduceScatter:
+      if (s.in_place) op.output = in_base + s.rank * count * es;
+      break;
+    case OpType::kGather:  // the root's own slice
+      if (s.in_place && s.rank == root_) op.input = in_base + root_ * count * es;
+      op.in_place = s.in_place && s.rank == root_;
+      break;
+    case OpType::kScatter:
+      if (s.in_place && s.rank == root_) op.output = in_base + root_ * count * es;
+      op.in_place = s.in_place && s.rank == root_;
+      break;
+    case OpType::kBarrier:
+    case OpType::kSend: op.in_place = false; break;
+    default: break;
+  }
+  return op;
+}
+
+void Bench::issue(const Shape& s, bool use_raw) {
+  const BenchOp op = op_of(s);
+  if (use_raw) return baseline_->run(op);
+  const int n = s.n;
   const OpOptions& opts = s.opts;
-  void* output = in_place ? in_base : out_base;
-  if (use_raw && cuda_) {
-    cuda_->run_raw(op_.type, in_base, output, count, dtype_, redop_, root_, peer);
-    return;
-  }
-  if (use_raw) {
-    raw_->run(op_.type, in_.data(), output, count, dtype_, redop_.kind, root_, peer);
-    return;
-  }
-  BufferView in{in_base, count, dtype_, s.device};
-  BufferView out{output, count, dtype_, s.device};
+  BufferView in{const_cast<void*>(op.input), op.count, dtype_, s.device};
+  BufferView out{op.output, op.count, dtype_, s.device};
   switch (op_.type) {
     case OpType::kAllReduce: comm_->all_reduce(in, out, redop_, opts); break;
     case OpType::kReduce: comm_->reduce(in, out, root_, redop_, opts); break;
     case OpType::kBroadcast: comm_->broadcast(in, root_, opts); break;
     case OpType::kAllGather:
-      out.count = count * n;
-      if (in_place) in.data = in_base + rank * count * es;
+      out.count = op.count * n;
       comm_->all_gather(in, out, opts);
       break;
     case OpType::kReduceScatter:
-      in.count = count * n;
-      if (in_place) out.data = in_base + rank * count * es;
+      in.count = op.count * n;
       comm_->reduce_scatter(in, out, redop_, opts);
       break;
     case OpType::kAllToAll:
-      in.count = out.count = count * n;
+      in.count = out.count = op.count * n;
       comm_->all_to_all(in, out, opts);
       break;
     case OpType::kGather:
-      out.count = count * n;
-      if (in_place && rank == root_) in.data = in_base + root_ * count * es;  // the root's own slice
+      out.count = op.count * n;
       comm_->gather(in, out, root_, opts);
       break;
     case OpType::kScatter:
-      in.count = count * n;
-      if (in_place && rank == root_) out.data = in_base + root_ * count * es;
+      in.count = op.count * n;
       comm_->scatter(in, out, root_, opts);
       break;
     case OpType::kBarrier: comm_->barrier(opts); break;
     case OpType::kSend: {
-      const P2POp ops[] = {P2POp::send(in, peer), P2POp::recv(out, peer)};
+      const P2POp ops[] = {P2POp::send(in, op.peer), P2POp::recv(out, op.peer)};
       comm_->batch_p2p(ops, opts);
       break;
     }
@@ -134,9 +157,10 @@ int64_t Bench::check(const Shape& s, bool primary_raw) {
 Row Bench::run(size_t bytes, bool in_place) {
   const Shape s = prepare(bytes, in_place);
   fill(s);
-  // The timed op: raw Gloo for --raw-gloo, else comms; --overhead times
-  // both, alternating per iteration so that noise hits them alike.
-  const bool primary_raw = has_raw_ && !overhead_;
+  // The timed op: the baseline for --raw-plugin, --gloo-native and
+  // --raw-nccl, else comms; --overhead times both, alternating per
+  // iteration so that noise hits them alike.
+  const bool primary_raw = baseline_ && !overhead_;
   if (graph_) {  // the last size's graphs: the check runs the op eagerly
     cuda_->uncapture(false);
     cuda_->uncapture(true);
@@ -210,59 +234,6 @@ std::pair<double, double> Bench::floor_p50_p99(const Shape& s) {
   return {p50, p99};
 }
 
-namespace {
-// The most bytes per rank the UCX plugin's shared-memory collectives take,
-// from its describe() ("on, up to N bytes per rank"); 0 when they are off.
-size_t ucx_shm_max(const Comm& comm) {
-  try {
-    const auto j = nlohmann::json::parse(comm.describe());
-    const std::string state = j.at("backends").at("cpu").at("config").value("shm_collectives", "");
-    const auto at = state.find("up to ");
-    if (state.rfind("on", 0) != 0 || at == std::string::npos) return 0;
-    return std::stoull(state.substr(at + 6));
-  } catch (const std::exception&) {
-    return 0;
-  }
-}
-
-// Whether the UCX plugin copies directly with every peer (its describe()).
-bool ucx_direct(const Comm& comm) {
-  try {
-    const auto j = nlohmann::json::parse(comm.describe());
-    return j.at("backends").at("cpu").at("config").value("direct_copies", "").rfind("every peer", 0) == 0;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
-// The UCX plugin's choice (backends/ucx/ucx_backend.cc): the shared-memory
-// collectives where ShmCollectives::takes() says so (the same rules), else
-// the CPU algorithms where algorithms.h picks one (with direct copies where
-// every rank has them), else the pairwise exchange; point-to-point is UCP
-// tag send/recv.
-std::string ucx_algorithm(OpType type, size_t bytes, int n, size_t shm_max, bool direct) {
-  if (type == OpType::kSend) return "ucp tag send/recv";
-  const auto a = cpu_algorithms::algorithm_for(type, bytes, n, /*in_place=*/true);
-  using cpu_algorithms::Algorithm;
-  if (direct && type == OpType::kAllReduce && a == Algorithm::kPipelinedRing &&
-      cpu_algorithms::all_reduce_may_copy_directly(bytes, n)) {
-    return "direct copies: each rank reduces its segment";
-  }
-  if (direct && type == OpType::kBroadcast && a == Algorithm::kBroadcast &&
-      cpu_algorithms::broadcast_may_copy_directly(bytes)) {
-    return "direct copies: root and receivers split";
-  }
-  const bool shm = shm_max > 0 && (type == OpType::kBarrier ||
-                                   (type == OpType::kBroadcast && a == Algorithm::kBroadcast && bytes <= shm_max) ||
-                                   ((type == OpType::kAllReduce || type == OpType::kAllGather) &&
-                                    a == Algorithm::kExchange && bytes <= shm_max) ||
-                                   (type == OpType::kReduceScatter && a == Algorithm::kExchange &&
-                                    bytes * static_cast<size_t>(n) <= shm_max));
-  if (shm) return "shm";
-  return a != Algorithm::kNone ? std::string(cpu_algorithms::algorithm_name(type, a)) : "pairwise exchange";
-}
-}  // namespace
-
 Row Bench::summarize(const Shape& s, std::vector<double>& times, std::vector<double>& raw_times, int64_t wrong,
                      bool primary_raw) const {
   const size_t count = s.count, es = s.es;
@@ -291,13 +262,7 @@ Row Bench::summarize(const Shape& s, std::vector<double>& times, std::vector<dou
     row.raw_p50_us = raw_sorted[raw_sorted.size() / 2];
     row.raw_mean_us = std::accumulate(raw_times.begin(), raw_times.end(), 0.0) / double(raw_times.size());
   }
-  row.algorithm = cuda_         ? cuda_->algorithm(op_.type)
-                  : primary_raw ? raw_->algorithm(op_.type, count * es)
-                  : comm_->backends().backend_for(DeviceType::kCpu) == "gloo"
-                      ? std::string(gloo_backend::algorithm_name(
-                            op_.type, gloo_backend::sync_algorithm_for(op_.type, count * es, n)))
-                  : comm_->backends().backend_for(DeviceType::kCpu) == "ucx" ? ucx_algorithm(op_.type, count * es, n, ucx_shm_max(*comm_), ucx_direct(*comm_))
-                                                                               : std::string();
+  row.algorithm = primary_raw ? baseline_->algorithm(op_of(s)) : paths_.path(plugin::op_name(op_.type), count * es);
   return row;
 }
 

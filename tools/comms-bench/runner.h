@@ -1,5 +1,5 @@
 // comms-bench's measurement of one op at one size: buffers, the op through
-// comms or its raw baseline, timing over ranks, and the result check.
+// comms or its baseline (baseline.h), timing over ranks, and the result check.
 #pragma once
 
 #include <chrono>
@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "op_rules.h"
+#include "backend_paths.h"
+#include "baseline.h"
 #include "bench_cuda.h"
 #include "comms/comms.h"
 #include "options.h"
-#include "raw_gloo.h"
 
 namespace comms::bench {
 
@@ -22,8 +22,8 @@ struct Row {
   int64_t wrong = 0;
   bool raw = false;
   std::string algorithm;
-  // --overhead: the same op through raw Gloo (raw NCCL on cuda), timed in
-  // alternation with it.
+  // --overhead: the same op through the baseline, timed in alternation
+  // with it.
   double raw_mean_us = 0, raw_p50_us = 0;
   // --floor: the p50 of the same bytes moved by threads of one process
   // (floor.h), p50_us / floor_us, and the floor's p99 (the machine's own
@@ -33,16 +33,16 @@ struct Row {
 
 class Bench {
  public:
-  // `cuda`: buffers on its device and ops on its stream, its raw NCCL as
-  // the baseline; else CPU buffers and `raw` (Gloo). `has_raw`: a baseline
-  // was connected (--raw-*, --overhead).
-  // `root`: of broadcast, reduce, gather and scatter (-r); `average`: how
-  // an iteration's times on the ranks combine (-a).
+  // `cuda`: buffers on its device and ops on its stream; else CPU buffers.
+  // `baseline`: what --raw-* and --overhead time (null: comms alone).
+  // `paths`: the algorithm column of comms' rows (the comm's backend's own
+  // report). `root`: of broadcast, reduce, gather and scatter (-r);
+  // `average`: how an iteration's times on the ranks combine (-a).
   Bench(std::shared_ptr<Comm> comm, const OpInfo& op, DataType dtype, ReduceOp redop, int root, Average average,
-        int iters, int warmup, bool check, gloo_backend::RawGloo* raw, CudaBench* cuda, bool has_raw, bool overhead,
+        int iters, int warmup, bool check, Baseline* baseline, CudaBench* cuda, BackendPaths paths, bool overhead,
         bool graph = false, bool floor = false)
       : comm_(std::move(comm)), op_(op), dtype_(dtype), redop_(redop), root_(root), average_(average),
-        iters_(iters), warmup_(warmup), check_(check), raw_(raw), cuda_(cuda), has_raw_(has_raw),
+        iters_(iters), warmup_(warmup), check_(check), baseline_(baseline), cuda_(cuda), paths_(std::move(paths)),
         overhead_(overhead), graph_(graph), floor_(floor) {}
 
   Row run(size_t bytes, bool in_place);
@@ -59,6 +59,8 @@ class Bench {
     OpOptions opts;
   };
   Shape prepare(size_t bytes, bool in_place);
+  // The row's op, as both comms and the baseline get it.
+  BenchOp op_of(const Shape& s) const;
   void fill(const Shape& s);
   void issue(const Shape& s, bool use_raw);
   // One op until it is done, in microseconds.
@@ -84,9 +86,9 @@ class Bench {
   Average average_;
   int iters_, warmup_;
   bool check_;
-  gloo_backend::RawGloo* raw_;
+  Baseline* baseline_;
   CudaBench* cuda_;
-  bool has_raw_;
+  BackendPaths paths_;
   bool overhead_;
   bool graph_;  // time replays of the op captured in a CUDA graph (cuda_ only)
   bool floor_;
