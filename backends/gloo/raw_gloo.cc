@@ -7,7 +7,7 @@
 
 #include "raw_gloo_impl.h"
 #include "op_rules.h"
-#include "op_runner.h"
+#include "plan.h"
 #include "reductions.h"
 #include "send_buffers.h"
 #include "store_adapter.h"
@@ -57,7 +57,7 @@ RawGloo::~RawGloo() {
 
 std::string RawGloo::algorithm(OpType type, size_t bytes) const {
   if (impl_->size == 1) return "one-rank copy";
-  if (!impl_->native) return std::string(gloo_backend::algorithm_name(type, sync_algorithm_for(type, bytes, impl_->size)));
+  if (!impl_->native) return std::string(path_name(type, plan(type, bytes, {impl_->size, true})));
   switch (native_algorithm(type, bytes, impl_->size)) {
     case Native::kAllgatherRing: return "sync AllgatherRing + local reduce";
     case Native::kAllreduceRing: return "sync AllreduceRing";
@@ -65,7 +65,7 @@ std::string RawGloo::algorithm(OpType type, size_t bytes) const {
     case Native::kBarrierAllToAll: return "sync BarrierAllToAll";
     case Native::kNone: break;
   }
-  return std::string(gloo_backend::algorithm_name(type, Algorithm::kNone));
+  return std::string(path_name(type, Plan{Path::kGlooNative}));
 }
 
 void RawGloo::run(OpType type, const void* input, void* output, size_t count, DataType dtype, ReduceKind kind,
@@ -90,15 +90,16 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
     return cpu_algorithms::run_on_one_rank(d);
   }
   if (!im.native) {
-    switch (sync_algorithm_for(type, bytes, im.size)) {
+    const Algorithm a = plan(type, bytes, {im.size, true}).algorithm;
+    switch (a) {
       case Algorithm::kPipelinedRing:
       case Algorithm::kExchange:
         switch (type) {
-          case OpType::kAllReduce: return im.mesh->all_reduce(in, out, count, es, reduce_fn(dtype, kind));
-          case OpType::kReduce: return im.mesh->reduce(in, out, count, es, reduce_fn(dtype, kind), root);
+          case OpType::kAllReduce: return im.mesh->all_reduce(a, in, out, count, es, reduce_fn(dtype, kind));
+          case OpType::kReduce: return im.mesh->reduce(a, in, out, count, es, reduce_fn(dtype, kind), root);
           case OpType::kReduceScatter:
-            return im.mesh->reduce_scatter(in, out, count, es, reduce_fn(dtype, kind));
-          case OpType::kAllGather: return im.mesh->all_gather(in, out, bytes);
+            return im.mesh->reduce_scatter(a, in, out, count, es, reduce_fn(dtype, kind));
+          case OpType::kAllGather: return im.mesh->all_gather(a, in, out, bytes);
           case OpType::kAllToAll: return im.mesh->all_to_all(in, out, bytes);
           case OpType::kGather: return im.mesh->gather(in, out, bytes, root);
           case OpType::kScatter: return im.mesh->scatter(in, out, bytes, root);
@@ -106,9 +107,10 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
         }
         break;
       case Algorithm::kBroadcast:
-        return im.mesh->broadcast(in, out, bytes, root);
+        return im.mesh->broadcast(a, in, out, bytes, root);
       case Algorithm::kBarrier:
         return im.mesh->barrier();
+      case Algorithm::kDirectCopies:  // only on a transport that sends in place
       case Algorithm::kNone:
         break;
     }

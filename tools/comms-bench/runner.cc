@@ -236,13 +236,13 @@ bool ucx_direct(const Comm& comm) {
 }
 
 // The UCX plugin's choice (backends/ucx/ucx_backend.cc): the shared-memory
-// collectives where ShmCollectives::takes() says so (the same rules), else
+// collectives where the UCX plan (ucx_plan.h) says so (the same rules), else
 // the CPU algorithms where algorithms.h picks one (with direct copies where
 // every rank has them), else the pairwise exchange; point-to-point is UCP
 // tag send/recv.
 std::string ucx_algorithm(OpType type, size_t bytes, int n, size_t shm_max, bool direct) {
   if (type == OpType::kSend) return "ucp tag send/recv";
-  const auto a = cpu_algorithms::algorithm_for(type, bytes, n, /*in_place=*/true);
+  const auto a = cpu_algorithms::fallback_of(type, cpu_algorithms::algorithm_for(type, bytes, n, /*in_place=*/true));
   using cpu_algorithms::Algorithm;
   if (direct && type == OpType::kAllReduce && a == Algorithm::kPipelinedRing &&
       cpu_algorithms::all_reduce_may_copy_directly(bytes, n)) {
@@ -294,8 +294,7 @@ Row Bench::summarize(const Shape& s, std::vector<double>& times, std::vector<dou
   row.algorithm = cuda_         ? cuda_->algorithm(op_.type)
                   : primary_raw ? raw_->algorithm(op_.type, count * es)
                   : comm_->backends().backend_for(DeviceType::kCpu) == "gloo"
-                      ? std::string(gloo_backend::algorithm_name(
-                            op_.type, gloo_backend::sync_algorithm_for(op_.type, count * es, n)))
+                      ? std::string(gloo_backend::path_name(op_.type, gloo_backend::plan(op_.type, count * es, {n, true})))
                   : comm_->backends().backend_for(DeviceType::kCpu) == "ucx" ? ucx_algorithm(op_.type, count * es, n, ucx_shm_max(*comm_), ucx_direct(*comm_))
                                                                                : std::string();
   return row;
