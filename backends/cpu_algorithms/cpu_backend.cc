@@ -4,27 +4,12 @@
 
 namespace comms::cpu_algorithms {
 
-CpuBackend::CpuBackend(const plugin::BackendInit& init, const char* name, OpQueue::Progress progress)
-    : init_(init),
-      name_(name),
-      op_timeout_(init.op_timeout),
-      ops_([this](const plugin::OpDesc& op) { return execute(op); }, std::move(progress)) {}
+CpuBackend::CpuBackend(const plugin::BackendInit& init, const char* name, OpQueue::Execute execute,
+                       OpQueue::Progress progress)
+    : init_(init), name_(name), op_timeout_(init.op_timeout), ops_(std::move(execute), std::move(progress)) {}
 
 bool CpuBackend::supports_reduction(DataType dtype, ReduceKind kind) const {
   return reduce_fn(dtype, kind) != nullptr;
-}
-
-Status CpuBackend::execute(const plugin::OpDesc& op) {
-  if (failure_.broken()) return failure_.status();
-  try {
-    run(op);
-    return {};
-  } catch (const std::exception& e) {
-    bool fatal = true;
-    Status s = error_of(e, op, &fatal);
-    if (fatal) failure_.mark_broken(s.message);
-    return s;
-  }
 }
 
 Status CpuBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work>* work) {

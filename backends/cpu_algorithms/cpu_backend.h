@@ -3,8 +3,8 @@
 // error capture, the order of abort() and finalize(), split()'s and
 // set_hints()' shape, and the reductions (reductions.h). A backend adds only
 // what is its own: connecting, running a planned op (run()), turning what
-// its run threw into a status, waking its transport on abort, and tearing
-// down after the queue stopped.
+// its run threw into a status (error_of()), waking its transport on abort,
+// and tearing down after the queue stopped.
 #pragma once
 
 #include <atomic>
@@ -21,9 +21,12 @@ namespace comms::cpu_algorithms {
 
 class CpuBackend : public plugin::Backend {
  public:
-  // name: "gloo" or "ucx", for error texts. progress: moves along what a
-  // finished op left in flight (OpQueue::Progress), or empty.
-  CpuBackend(const plugin::BackendInit& init, const char* name, OpQueue::Progress progress = {});
+  // name: "gloo" or "ucx", for error texts. execute: the backend's
+  // `[this](const plugin::OpDesc& op) { return execute(*this, op); }`.
+  // progress: moves along what a finished op left in flight
+  // (OpQueue::Progress), or empty.
+  CpuBackend(const plugin::BackendInit& init, const char* name, OpQueue::Execute execute,
+             OpQueue::Progress progress = {});
   // A derived destructor calls close() first.
   ~CpuBackend() override = default;
 
@@ -46,12 +49,28 @@ class CpuBackend : public plugin::Backend {
   bool supports_reduction(DataType dtype, ReduceKind kind) const final;
 
  protected:
-  // Runs one op on the queue's thread (or the submitting thread for a
-  // blocking op), along the path its plan chose. Throws on failure.
-  virtual void run(const plugin::OpDesc& op) = 0;
-  // What run() threw, as the op's status; *fatal: the comm is now broken
-  // (false only where nothing was sent, so the comm stays usable).
-  virtual Status error_of(const std::exception& e, const plugin::OpDesc& op, bool* fatal) const = 0;
+  // The op queue's execute, for a backend class B (declared final, and a
+  // friend of this class) that has
+  //   void run(const plugin::OpDesc& op): runs one op on the queue's thread
+  //     (or the submitting thread for a blocking op) along the path its
+  //     plan chose; throws on failure;
+  //   Status error_of(const std::exception& e, const plugin::OpDesc& op,
+  //     bool* fatal) const: what run() threw, as the op's status; *fatal:
+  //     the comm is now broken (false only where nothing was sent).
+  // Bound at compile time: no virtual call per op.
+  template <class B>
+  Status execute(B& backend, const plugin::OpDesc& op) {
+    if (failure_.broken()) return failure_.status();
+    try {
+      backend.B::run(op);
+      return {};
+    } catch (const std::exception& e) {
+      bool fatal = true;
+      Status s = backend.B::error_of(e, op, &fatal);
+      if (fatal) failure_.mark_broken(s.message);
+      return s;
+    }
+  }
   // abort()'s part in the transport: make the running op's waits fail now.
   virtual void wake() = 0;
   // finalize()'s part after the queue stopped.
@@ -77,8 +96,6 @@ class CpuBackend : public plugin::Backend {
   const plugin::BackendInit init_;
 
  private:
-  Status execute(const plugin::OpDesc& op);
-
   const char* name_;
   std::atomic<std::chrono::milliseconds> op_timeout_;
   // After the first fatal error (or abort()) every op fails fast.

@@ -38,7 +38,12 @@ inline size_t bytes_of(const plugin::OpDesc& op) { return op.count * element_siz
 // The kernel of a reducing op (all_reduce, reduce, reduce_scatter(_v)).
 // Throws std::invalid_argument where the dtype has no such reduction:
 // libcomms asks supports_reduction first, so only a caller below it sees this.
-ReduceFn reduction_of(const plugin::OpDesc& op);
+[[noreturn, gnu::cold]] void throw_no_reduction();
+inline ReduceFn reduction_of(const plugin::OpDesc& op) {
+  const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
+  if (!fn) throw_no_reduction();
+  return fn;
+}
 
 // avg divides by size, premul_sum scales: after the sum.
 void finish_reduction(const plugin::OpDesc& op, void* data, size_t n, int size);

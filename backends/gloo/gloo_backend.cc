@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -58,24 +59,26 @@ std::shared_ptr<MeshDevice> shared_device(const GlooConfig& cfg) {
   return d;
 }
 
-class GlooBackend : public cpu_algorithms::CpuBackend {
+class GlooBackend final : public cpu_algorithms::CpuBackend {
  public:
   GlooBackend(const plugin::BackendInit& init, GlooConfig config)
-      : CpuBackend(init, "gloo"), config_(std::move(config)) {}
+      : CpuBackend(init, "gloo", [this](const plugin::OpDesc& op) { return execute(*this, op); }),
+        config_(std::move(config)) {}
   ~GlooBackend() override { close(); }
 
   Status init() override;
   std::string describe() const override;
 
  private:
+  friend class cpu_algorithms::CpuBackend;  // its execute() calls run() and error_of()
   // The op's path (op_rules.h): the one place that decides how it runs.
   Plan plan(const plugin::OpDesc& op) const {
-    return gloo_backend::plan(op.type, cpu_algorithms::bytes_of(op),
-                              {init_.size, sync_mesh_up_ && op.timeout == sync_timeout_});
+    const bool sync_mesh = sync_mesh_up_.load(std::memory_order_relaxed) && op.timeout == sync_timeout_;
+    return gloo_backend::plan(op.type, cpu_algorithms::bytes_of(op), {init_.size, sync_mesh});
   }
-  void run(const plugin::OpDesc& op) override;
+  void run(const plugin::OpDesc& op);
   // Every error breaks the comm: classify_error (errors.h) names its code and peer.
-  Status error_of(const std::exception& e, const plugin::OpDesc& op, bool* fatal) const override;
+  Status error_of(const std::exception& e, const plugin::OpDesc& op, bool* fatal) const;
   Status translate(const std::exception& e, const plugin::OpDesc* op, Clock::time_point started) const;
   void wake() override;  // shuts our pairs' sockets down
   Status release() override;  // closes both meshes
@@ -91,7 +94,7 @@ class GlooBackend : public cpu_algorithms::CpuBackend {
   std::shared_ptr<Mesh> async_mesh_;
   std::shared_ptr<Mesh> sync_mesh_;
   std::chrono::milliseconds sync_timeout_{0};  // fixed in the sync mesh's pairs at connect
-  bool sync_mesh_up_ = false;                  // connected (init): plan() may choose it
+  std::atomic<bool> sync_mesh_up_{false};      // connected (init): plan() may choose it
   std::unique_ptr<GlooTransport> transport_;   // the sync mesh, for the CPU algorithms
   std::unique_ptr<cpu_algorithms::Collectives> sync_ops_;  // the CPU algorithms on it
   std::unique_ptr<AsyncOps> async_ops_;                    // Gloo's collectives on the async mesh
@@ -135,7 +138,7 @@ Status GlooBackend::init() {
     async_ops_ = std::make_unique<AsyncOps>(async_mesh_, init_.rank, init_.size);
     set_cloexec_on_sockets_since(sockets_before);
     remember_endpoints(opened);
-    sync_mesh_up_ = true;
+    sync_mesh_up_.store(true, std::memory_order_release);
     return {};
   } catch (const comms::Error& e) {
     return {e.code(), cat({"rendezvous through the store failed: ", e.what()})};
@@ -259,11 +262,15 @@ std::string GlooBackend::describe() const {
   j["spin_us"] = config_.spin.count();
   j["sync_path_max_bytes"] = kSyncPathMaxBytes;
   j["op_timeout_ms"] = op_timeout().count();
-  // Ops with the comm's op timeout; one with another timeout runs Gloo's collectives.
-  const GlooShape comm{init_.size, sync_mesh_up_ && op_timeout() == sync_timeout_};
-  j["paths"] = nlohmann::ordered_json::parse(cpu_algorithms::paths_json(
-      [&](OpType type, size_t bytes) { return path_name(type, gloo_backend::plan(type, bytes, comm)); }, init_.size,
-      {}));
+  // Once connected, for ops with the comm's op timeout (one with another
+  // timeout runs Gloo's collectives).
+  const bool up = sync_mesh_up_.load(std::memory_order_acquire);
+  if (init_.size == 1 || up) {
+    const GlooShape comm{init_.size, up && op_timeout() == sync_timeout_};
+    j["paths"] = nlohmann::ordered_json::parse(cpu_algorithms::paths_json(
+        [&](OpType type, size_t bytes) { return path_name(type, gloo_backend::plan(type, bytes, comm)); },
+        init_.size, {}));
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }
 

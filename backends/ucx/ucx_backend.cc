@@ -1,5 +1,6 @@
 #include "ucx_backend.h"
 
+#include <atomic>
 #include <stdexcept>
 #include <vector>
 
@@ -29,19 +30,23 @@ ErrorCode code_of(TransportError::Kind kind) {
   return ErrorCode::kInternal;
 }
 
-class UcxBackend : public cpu_algorithms::CpuBackend {
+class UcxBackend final : public cpu_algorithms::CpuBackend {
  public:
   UcxBackend(const plugin::BackendInit& init, UcxSettings settings)
-      : CpuBackend(init, "ucx", [this] { return transport_->progress_in_flight(); }), settings_(std::move(settings)) {}
+      : CpuBackend(
+            init, "ucx", [this](const plugin::OpDesc& op) { return execute(*this, op); },
+            [this] { return transport_->progress_in_flight(); }),
+        settings_(std::move(settings)) {}
   ~UcxBackend() override { close(); }
 
   Status init() override;
   std::string describe() const override;
 
  private:
-  void run(const plugin::OpDesc& op) override;
+  friend class cpu_algorithms::CpuBackend;  // its execute() calls run() and error_of()
+  void run(const plugin::OpDesc& op);
   // A TransportError keeps its kind and peer; an invalid argument leaves the comm usable.
-  Status error_of(const std::exception& e, const plugin::OpDesc& op, bool* fatal) const override;
+  Status error_of(const std::exception& e, const plugin::OpDesc& op, bool* fatal) const;
   void wake() override;  // aborts the transport and the shared-memory path
   Status release() override;  // flushes what is in flight within the op timeout
   Status make_child(const plugin::SplitDesc& desc, std::unique_ptr<CpuBackend>* child) const override;
@@ -54,6 +59,7 @@ class UcxBackend : public cpu_algorithms::CpuBackend {
   std::unique_ptr<cpu_algorithms::VectorCollectives> pairwise_;
   std::unique_ptr<ShmCollectives> shm_;  // small collectives when every rank is on this host
   UcxShape shape_;  // what plan() reads, fixed at init
+  std::atomic<bool> planned_{false};  // shape_ is set: describe() prints the paths
   std::string devices_, transports_;  // what the transport opened and selected, read at init
   std::string shm_state_ = "off (one rank)";  // for describe()
   std::string direct_copies_ = "none";        // for describe(): UcxTransport::direct_text
@@ -82,6 +88,7 @@ Status UcxBackend::init() {
     for (int p = 0; p < init_.size; ++p) {
       if (p != init_.rank && !transport_->copies_direct(p)) shape_.copies_direct = false;
     }
+    planned_.store(true, std::memory_order_release);
     return {};
   } catch (const Error& e) {
     return {e.code(), std::string("exchanging UCX worker addresses through the store failed: ") + e.what()};
@@ -203,9 +210,11 @@ std::string UcxBackend::describe() const {
   j["yield_while_polling"] = settings_.yield;
   j["yield_after_us"] = settings_.yield_after.count();
   j["op_timeout_ms"] = op_timeout().count();
-  j["paths"] = nlohmann::ordered_json::parse(cpu_algorithms::paths_json(
-      [&](OpType type, size_t bytes) { return path_name(type, plan(type, bytes, shape_), shape_); }, init_.size,
-      {shape_.shm_max_bytes}));
+  if (planned_.load(std::memory_order_acquire)) {  // once connected: shared memory and direct copies are known
+    j["paths"] = nlohmann::ordered_json::parse(cpu_algorithms::paths_json(
+        [&](OpType type, size_t bytes) { return path_name(type, plan(type, bytes, shape_), shape_); }, init_.size,
+        {shape_.shm_max_bytes}));
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }
 

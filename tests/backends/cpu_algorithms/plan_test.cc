@@ -32,7 +32,9 @@ Table runs_of(const nlohmann::json& paths, OpType type) {
     t.emplace_back(max, run.at("path").get<std::string>());
   }
   EXPECT_FALSE(t.empty()) << op;
-  if (!t.empty()) EXPECT_EQ(t.back().first, kUnbounded) << op << ": the last run must be unbounded";
+  if (!t.empty()) {
+    EXPECT_EQ(t.back().first, kUnbounded) << op << ": the last run must be unbounded";
+  }
   return t;
 }
 
