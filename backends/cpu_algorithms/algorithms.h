@@ -1,16 +1,20 @@
-// Which of the CPU algorithms runs an op, by its size. One function, used by
-// the Gloo backend, by comms-bench's raw-Gloo baseline (so the baseline times
-// the same algorithm) and by the tests.
+// Which of the CPU algorithms runs an op, by its size: the size rules that
+// each backend's plan function reads (backends/gloo/op_rules.h,
+// backends/ucx/ucx_plan.h), and comms-bench's raw-Gloo baseline through
+// Gloo's (so the baseline times the same algorithm).
 //
 //   all_reduce, reduce, all_gather, reduce_scatter, all_to_all, gather and
 //     scatter up to kExchangeMaxBytes summed over ranks (size x count x
 //     element): one direct exchange, reductions local and in rank order;
 //   all_reduce, reduce_scatter, all_gather and reduce above that: a
-//     pipelined ring (all_reduce where every rank copies directly with every
-//     other, as UCX's ranks on one host: a direct reduce, below);
+//     pipelined ring (all_reduce on a transport that sends in place, from
+//     kAllReduceDirectMinSegmentBytes per segment: direct copies where every
+//     rank copies directly with every other, as UCX's ranks on one host;
+//     the ring where not);
 //   broadcast up to kSyncPathMaxBytes, and at every size on a transport
-//     that sends in place (UCX): the root sends to every rank (or, from
-//     64 KiB where both copy directly, root and receiver split the copy);
+//     that sends in place (UCX): the root sends to every rank (from
+//     kBroadcastDirectMinBytes there, direct copies: root and receiver
+//     split the copy where both copy directly);
 //   barrier: a token from every rank to every other.
 // kNone: the op is not one of these; a backend runs it its own way.
 //
@@ -31,31 +35,7 @@ namespace comms::cpu_algorithms {
 inline constexpr size_t kSyncPathMaxBytes = 256 * 1024;
 inline constexpr size_t kExchangeMaxBytes = 64 * 1024;
 
-enum class Algorithm : uint8_t { kNone, kExchange, kPipelinedRing, kBroadcast, kBarrier };
-
-// bytes: the op's per-rank count (all_to_all: per block) times the element size.
-// in_place: the transport sends in place (Transport::sends_in_place).
-constexpr Algorithm algorithm_for(plugin::OpType type, size_t bytes, int size, bool in_place = false) {
-  const bool exchange_fits = bytes != 0 && bytes * static_cast<size_t>(size) <= kExchangeMaxBytes;
-  switch (type) {
-    case plugin::OpType::kBarrier:
-      return Algorithm::kBarrier;
-    case plugin::OpType::kAllReduce:
-    case plugin::OpType::kAllGather:
-    case plugin::OpType::kReduceScatter:
-    case plugin::OpType::kReduce:
-      if (bytes == 0) return Algorithm::kNone;
-      return exchange_fits ? Algorithm::kExchange : Algorithm::kPipelinedRing;
-    case plugin::OpType::kAllToAll:
-    case plugin::OpType::kGather:
-    case plugin::OpType::kScatter:
-      return exchange_fits ? Algorithm::kExchange : Algorithm::kNone;
-    case plugin::OpType::kBroadcast:
-      return bytes == 0 || (bytes > kSyncPathMaxBytes && !in_place) ? Algorithm::kNone : Algorithm::kBroadcast;
-    default:
-      return Algorithm::kNone;
-  }
-}
+enum class Algorithm : uint8_t { kNone, kExchange, kPipelinedRing, kDirectCopies, kBroadcast, kBarrier };
 
 // The ring's piece size on an in-place transport; `bytes` is the op's whole
 // per-rank buffer (all_reduce: count x element). Each segment (bytes / size)
@@ -104,14 +84,47 @@ constexpr size_t broadcast_direct_share(size_t bytes, int size) {
 // (128 KiB to 2 MiB alike). Measured: docs/appendix/MEASUREMENTS.md,
 // "Direct copies on one host".
 inline constexpr size_t kAllReduceDirectMinSegmentBytes = 32 * 1024;
-// The size rule alone (both the algorithms and comms-bench's path names use
-// it); the ranks' direct copies decide the rest.
+// The size rule alone (algorithm_for reads it); the ranks' direct copies
+// decide the rest.
 constexpr bool all_reduce_may_copy_directly(size_t bytes, int size) {
   return bytes / static_cast<size_t>(size) >= kAllReduceDirectMinSegmentBytes;
 }
 inline constexpr size_t kAllReduceDirectChunkBytes = 256 * 1024;
 
-// The name comms-bench and describe-style output print; empty for kNone.
+// bytes: the op's per-rank count (all_to_all: per block) times the element size.
+// in_place: the transport sends in place (Transport::sends_in_place).
+// kDirectCopies: each pair of ranks trades headers first and copies
+// directly only where both ends can (Collectives); it is never chosen for a
+// transport that does not send in place.
+constexpr Algorithm algorithm_for(plugin::OpType type, size_t bytes, int size, bool in_place = false) {
+  const bool exchange_fits = bytes != 0 && bytes * static_cast<size_t>(size) <= kExchangeMaxBytes;
+  switch (type) {
+    case plugin::OpType::kBarrier:
+      return Algorithm::kBarrier;
+    case plugin::OpType::kAllReduce:
+    case plugin::OpType::kAllGather:
+    case plugin::OpType::kReduceScatter:
+    case plugin::OpType::kReduce:
+      if (bytes == 0) return Algorithm::kNone;
+      if (exchange_fits) return Algorithm::kExchange;
+      return type == plugin::OpType::kAllReduce && in_place && all_reduce_may_copy_directly(bytes, size)
+                 ? Algorithm::kDirectCopies
+                 : Algorithm::kPipelinedRing;
+    case plugin::OpType::kAllToAll:
+    case plugin::OpType::kGather:
+    case plugin::OpType::kScatter:
+      return exchange_fits ? Algorithm::kExchange : Algorithm::kNone;
+    case plugin::OpType::kBroadcast:
+      if (bytes == 0 || (bytes > kSyncPathMaxBytes && !in_place)) return Algorithm::kNone;
+      return in_place && broadcast_may_copy_directly(bytes) ? Algorithm::kDirectCopies : Algorithm::kBroadcast;
+    default:
+      return Algorithm::kNone;
+  }
+}
+
+// The name a backend's path table (describe()'s "paths") prints; empty for
+// kNone. kDirectCopies names the copies; a backend whose rank does not copy
+// directly with every peer names the fallback instead (fallback_of).
 constexpr std::string_view algorithm_name(plugin::OpType type, Algorithm a) {
   switch (a) {
     case Algorithm::kExchange:
@@ -125,11 +138,21 @@ constexpr std::string_view algorithm_name(plugin::OpType type, Algorithm a) {
       }
     case Algorithm::kPipelinedRing:
       return type == plugin::OpType::kReduce ? "sync ring reduce-scatter + gather to root" : "sync pipelined ring";
+    case Algorithm::kDirectCopies:
+      return type == plugin::OpType::kBroadcast ? "direct copies: root and receivers split"
+                                                : "direct copies: each rank reduces its segment";
     case Algorithm::kBroadcast: return "sync broadcast from root";
     case Algorithm::kBarrier: return "sync token exchange";
     case Algorithm::kNone: break;
   }
   return {};
+}
+
+// What kDirectCopies runs where some pair does not copy directly: the
+// broadcast's pieces, the all_reduce's ring.
+constexpr Algorithm fallback_of(plugin::OpType type, Algorithm a) {
+  if (a != Algorithm::kDirectCopies) return a;
+  return type == plugin::OpType::kBroadcast ? Algorithm::kBroadcast : Algorithm::kPipelinedRing;
 }
 
 }  // namespace comms::cpu_algorithms

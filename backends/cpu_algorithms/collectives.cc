@@ -124,18 +124,11 @@ void Collectives::exchange_all(const Op& op, size_t bytes, bool blocks_per_peer)
   check_lengths(op, bytes);
 }
 
-void Collectives::all_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+void Collectives::all_reduce(Algorithm a, const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
   const Op op(*this);
   const size_t bytes = count * es;
-  if (size_ == 1) {
-    if (out != in) std::memmove(out, in, bytes);
-    return;
-  }
-  if (in_place_ && all_reduce_may_copy_directly(bytes, size_) &&
-      all_reduce_direct(op, in, out, count, es, fn)) {
-    return;
-  }
-  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring(op, in, out, count, es, fn);
+  if (a == Algorithm::kDirectCopies && all_reduce_direct(op, in, out, count, es, fn)) return;
+  if (a != Algorithm::kExchange) return ring(op, in, out, count, es, fn);
   fill(op, in, bytes, 1);
   exchange_all(op, bytes, false);
   reduce_blocks(out, count, es, fn, 0);
@@ -201,14 +194,10 @@ bool Collectives::all_reduce_direct(const Op& op, const void* in, void* out, siz
   return true;
 }
 
-void Collectives::reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn, int root) {
+void Collectives::reduce(Algorithm a, const void* in, void* out, size_t count, size_t es, ReduceFn fn, int root) {
   const Op op(*this);
   const size_t bytes = count * es;
-  if (size_ == 1) {
-    if (out != in) std::memmove(out, in, bytes);
-    return;
-  }
-  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring_reduce(op, in, out, count, es, fn, root);
+  if (a != Algorithm::kExchange) return ring_reduce(op, in, out, count, es, fn, root);
   fill(op, in, bytes, 1);
   if (rank_ != root) return post(op, root, 0, bytes);
   for (int k = 1; k < size_; ++k) take(op, (rank_ - k + size_) % size_, bytes);
@@ -216,23 +205,19 @@ void Collectives::reduce(const void* in, void* out, size_t count, size_t es, Red
   reduce_blocks(out, count, es, fn, 0);
 }
 
-void Collectives::all_gather(const void* in, void* out, size_t bytes) {
+void Collectives::all_gather(Algorithm a, const void* in, void* out, size_t bytes) {
   const Op op(*this);
-  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) return ring_all_gather(op, in, out, bytes);
+  if (a != Algorithm::kExchange) return ring_all_gather(op, in, out, bytes);
   fill(op, in, bytes, 1);
   exchange_all(op, bytes, false);
   auto* o = static_cast<unsigned char*>(out);
   for (int r = 0; r < size_; ++r) std::memmove(o + static_cast<size_t>(r) * bytes, block(r, bytes, 0), bytes);
 }
 
-void Collectives::reduce_scatter(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+void Collectives::reduce_scatter(Algorithm a, const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
   const Op op(*this);
   const size_t bytes = count * es;
-  if (size_ == 1) {
-    if (out != in) std::memmove(out, in, bytes);
-    return;
-  }
-  if (bytes * static_cast<size_t>(size_) > kExchangeMaxBytes) {
+  if (a != Algorithm::kExchange) {
     // Segment k is rank k's block.
     return ring_reduce_scatter(op, in, out, Layout(count * static_cast<size_t>(size_), es, size_, kRingPieceBytes), fn);
   }
@@ -275,9 +260,9 @@ void Collectives::scatter(const void* in, void* out, size_t bytes, int root) {
   std::memcpy(out, block(root, bytes, 0), bytes);
 }
 
-void Collectives::broadcast(const void* in, void* out, size_t bytes, int root) {
+void Collectives::broadcast(Algorithm a, const void* in, void* out, size_t bytes, int root) {
   const Op op(*this);
-  if (in_place_) return broadcast_in_place(op, in, out, bytes, root);
+  if (in_place_) return broadcast_in_place(op, in, out, bytes, root, a == Algorithm::kDirectCopies);
   if (rank_ == root) {
     std::memcpy(broadcast_.data(), in, bytes);
     for (int k = 1; k < size_; ++k) {
@@ -291,7 +276,7 @@ void Collectives::broadcast(const void* in, void* out, size_t bytes, int root) {
 }
 
 // Straight from the root's buffer into each receiver's (algorithms.h), no
-// staging copy on either side. From kBroadcastDirectMinBytes, a pair that
+// staging copy on either side. Under kDirectCopies, a pair that
 // may copy directly (Transport::direct_possible, alike on both ends)
 // trades headers: where the buffers lie and whether each end copies
 // directly. If both do, the root writes the first share of the receiver's
@@ -299,10 +284,10 @@ void Collectives::broadcast(const void* in, void* out, size_t bytes, int root) {
 // the root's, so two cores copy at once, each byte once; a token each way
 // ends it (the root's share is written; the root's buffer is no longer
 // read). Any other pair gets the pieces of broadcast_piece_bytes.
-void Collectives::broadcast_in_place(const Op& op, const void* in, void* out, size_t bytes, int root) {
+void Collectives::broadcast_in_place(const Op& op, const void* in, void* out, size_t bytes, int root,
+                                     bool try_direct) {
   const size_t piece = broadcast_piece_bytes(bytes);
   const size_t share = broadcast_direct_share(bytes, size_);
-  const bool try_direct = broadcast_may_copy_directly(bytes);
   uint8_t token = 1;
   if (rank_ != root) {
     if (try_direct && t_.direct_possible(root)) {
@@ -449,7 +434,6 @@ void Collectives::pass_around(const Op& op, void* out, const Layout& layout, int
 void Collectives::ring_all_gather(const Op& op, const void* in, void* out, size_t bytes) {
   auto* o = static_cast<unsigned char*>(out);
   std::memmove(o + static_cast<size_t>(rank_) * bytes, in, bytes);
-  if (size_ <= 1) return;
   pass_around(op, out, Layout(bytes * static_cast<size_t>(size_), 1, size_, kRingPieceBytes), rank_);
   if (in_place_) t_.wait_sends(op.deadline);
 }

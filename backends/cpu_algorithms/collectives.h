@@ -1,27 +1,31 @@
 // The CPU collectives, on any Transport (transport.h): the calling thread
-// does every send, receive and reduction. algorithms.h says which op runs
-// here and which algorithm it gets.
+// does every send, receive and reduction. The caller passes the algorithm
+// that its backend's plan chose (algorithms.h, algorithm_for); this class
+// decides nothing by size.
 //
-//  - every collective whose data, summed over ranks, fits kExchangeMaxBytes
-//    (all_reduce, reduce, all_gather, reduce_scatter, all_to_all, gather,
+//  - kExchange (the data, summed over ranks, fits kExchangeMaxBytes;
+//    all_reduce, reduce, all_gather, reduce_scatter, all_to_all, gather,
 //    scatter): one direct exchange, each rank writing each peer its block and
 //    reading each peer's, so one message latency; reductions run locally in
 //    rank order, so every rank gets the same bits;
-//  - larger all_reduce, reduce_scatter, all_gather and reduce: a pipelined
-//    ring (reduce: a reduce-scatter, then each segment to the root). The
+//  - kPipelinedRing (larger all_reduce, reduce_scatter, all_gather and
+//    reduce; reduce: a reduce-scatter, then each segment to the root). The
 //    message is cut into `size` segments and each segment into pieces
 //    (ring_piece_bytes in algorithms.h: 128 KiB, on UCX 32-64 KiB by size;
 //    pieces are sent in place there); a reduce-scatter and/or an all-gather
-//    move one piece per step,
-//    so reducing a piece overlaps the neighbours' transfers. Every element is
-//    reduced once, then gathered;
-//  - broadcast up to kSyncPathMaxBytes (any size on a transport that sends
-//    in place): the root sends to every rank;
-//  - barrier: a token from every rank to every other.
+//    move one piece per step, so reducing a piece overlaps the neighbours'
+//    transfers. Every element is reduced once, then gathered;
+//  - kDirectCopies (all_reduce and broadcast on a transport that sends in
+//    place, by size): ranks trade headers and copy straight between their
+//    buffers where both ends copy directly; else the ring (all_reduce) or
+//    pieces (broadcast);
+//  - kBroadcast: the root sends to every rank;
+//  - kBarrier: a token from every rank to every other.
 //
 // A rank sends at most one message per peer (ring: one piece) before
 // reading, so a link never needs more than two unread messages buffered.
-// Every wait of an op ends at now + timeout (set_timeout).
+// Every wait of an op ends at now + timeout (set_timeout). A comm of one
+// rank never gets here: its backend's plan copies (plan.h).
 #pragma once
 
 #include <atomic>
@@ -62,20 +66,22 @@ class Collectives {
   Collectives& operator=(const Collectives&) = delete;
 
   // Counts and in-place conventions as in plugin::OpDesc; `count` is per
-  // rank (all_to_all: per block), and count * element_size * size must fit
-  // kExchangeMaxBytes for all_to_all, gather and scatter.
+  // rank (all_to_all: per block). `a` is algorithm_for's answer for the op
+  // on this transport (every rank passes the same); all_to_all, gather and
+  // scatter are only ever an exchange (count * element_size * size fits
+  // kExchangeMaxBytes).
   // out = reduction over ranks of in (in may equal out).
-  void all_reduce(const void* in, void* out, size_t count, size_t element_size, ReduceFn fn);
+  void all_reduce(Algorithm a, const void* in, void* out, size_t count, size_t element_size, ReduceFn fn);
   // Only the root's out is written.
-  void reduce(const void* in, void* out, size_t count, size_t element_size, ReduceFn fn, int root);
-  void all_gather(const void* in, void* out, size_t bytes);
-  void reduce_scatter(const void* in, void* out, size_t count, size_t element_size, ReduceFn fn);
+  void reduce(Algorithm a, const void* in, void* out, size_t count, size_t element_size, ReduceFn fn, int root);
+  void all_gather(Algorithm a, const void* in, void* out, size_t bytes);
+  void reduce_scatter(Algorithm a, const void* in, void* out, size_t count, size_t element_size, ReduceFn fn);
   void all_to_all(const void* in, void* out, size_t block_bytes);
   void gather(const void* in, void* out, size_t bytes, int root);
   void scatter(const void* in, void* out, size_t bytes, int root);
   // bytes <= kSyncPathMaxBytes unless the transport sends in place. The
   // root sends `in`; every rank gets `out`.
-  void broadcast(const void* in, void* out, size_t bytes, int root);
+  void broadcast(Algorithm a, const void* in, void* out, size_t bytes, int root);
   void barrier();
   // May change while another thread runs an op.
   void set_timeout(std::chrono::milliseconds t) { timeout_ms_ = t.count(); }
@@ -108,8 +114,8 @@ class Collectives {
   // An all_reduce of kAllReduceDirectMinSegmentBytes per segment on an in-place transport;
   // false (nothing done but the headers) where not every rank copies directly.
   bool all_reduce_direct(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn);
-  // A broadcast on an in-place transport.
-  void broadcast_in_place(const Op& op, const void* in, void* out, size_t bytes, int root);
+  // A broadcast on an in-place transport; try_direct: kDirectCopies.
+  void broadcast_in_place(const Op& op, const void* in, void* out, size_t bytes, int root, bool try_direct);
 
   // The ring's cut of `count` elements into segments and pieces.
   struct Layout {

@@ -57,6 +57,9 @@ class VectorCollectives {
   // Every rank's data ends as the root's.
   void broadcast(void* data, size_t bytes, int root, Clock::time_point deadline);
 
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
  private:
   // A copy of data when it overlaps [out, out + out_bytes), else data.
   const void* aside(const void* data, size_t bytes, const void* out, size_t out_bytes);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -22,15 +23,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "broken_state.h"
 #include "collectives.h"
+#include "cpu_backend.h"
 #include "errors.h"
 #include "full_mesh.h"
 #include "gloo_ops.h"
 #include "gloo_transport.h"
-#include "op_queue.h"
 #include "op_rules.h"
-#include "op_runner.h"
+#include "path_table.h"
+#include "plan.h"
 #include "send_buffers.h"
 #include "sockets.h"
 #include "store_adapter.h"
@@ -40,7 +41,6 @@ namespace {
 
 using plugin::OpType;
 using Clock = std::chrono::steady_clock;
-using cpu_algorithms::reduce_fn;
 
 // One transport device (and its event-loop thread) per bind address, shared
 // by every comm of the process.
@@ -59,60 +59,48 @@ std::shared_ptr<MeshDevice> shared_device(const GlooConfig& cfg) {
   return d;
 }
 
-class GlooBackend : public plugin::Backend {
+class GlooBackend final : public cpu_algorithms::CpuBackend {
  public:
   GlooBackend(const plugin::BackendInit& init, GlooConfig config)
-      : init_(init), config_(std::move(config)), op_timeout_(init.op_timeout) {}
-
-  ~GlooBackend() override {
-    if (!finalized_) finalize();
-  }
+      : CpuBackend(init, "gloo", [this](const plugin::OpDesc& op) { return execute(*this, op); }),
+        config_(std::move(config)) {}
+  ~GlooBackend() override { close(); }
 
   Status init() override;
-  Status submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work>* work) override;
-  Status split(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) override;
-  Status set_hints(const Hints& hints) override;
-  Status set_op_timeout(std::chrono::milliseconds t) override {
-    op_timeout_ = t;
-    return {};
-  }
-  void abort(const std::string& reason) override;
-  Status finalize() override;
   std::string describe() const override;
-  bool supports_reduction(DataType dtype, ReduceKind kind) const override {
-    return reduce_fn(dtype, kind) != nullptr;
-  }
 
  private:
-  Status execute(const plugin::OpDesc& op);
+  friend class cpu_algorithms::CpuBackend;  // its execute() calls run() and error_of()
+  // The op's path (op_rules.h): the one place that decides how it runs.
+  Plan plan(const plugin::OpDesc& op) const {
+    const bool sync_mesh = sync_mesh_up_.load(std::memory_order_relaxed) && op.timeout == sync_timeout_;
+    return gloo_backend::plan(op.type, cpu_algorithms::bytes_of(op), {init_.size, sync_mesh});
+  }
+  void run(const plugin::OpDesc& op);
+  // Every error breaks the comm: classify_error (errors.h) names its code and peer.
+  Status error_of(const std::exception& e, const plugin::OpDesc& op, bool* fatal) const;
   Status translate(const std::exception& e, const plugin::OpDesc* op, Clock::time_point started) const;
-  bool sync_mesh_takes(const plugin::OpDesc& op) const;
-  void run_op(const plugin::OpDesc& op);
+  void wake() override;  // shuts our pairs' sockets down
+  Status release() override;  // closes both meshes
+  Status make_child(const plugin::SplitDesc& desc, std::unique_ptr<CpuBackend>* child) const override;
+  Status set_busy_poll(const std::string& value) override;
   void connect_meshes();
   void remember_endpoints(const std::set<int>& opened);
 
-  plugin::BackendInit init_;
   GlooConfig config_;
-  std::atomic<std::chrono::milliseconds> op_timeout_;
   std::shared_ptr<MeshDevice> device_;
   // The two meshes: the async mesh (Gloo's own pairs, every op) and the sync
   // mesh (pairs in sync mode, read by the calling thread: the CPU algorithms).
   std::shared_ptr<Mesh> async_mesh_;
   std::shared_ptr<Mesh> sync_mesh_;
   std::chrono::milliseconds sync_timeout_{0};  // fixed in the sync mesh's pairs at connect
+  std::atomic<bool> sync_mesh_up_{false};      // connected (init): plan() may choose it
   std::unique_ptr<GlooTransport> transport_;   // the sync mesh, for the CPU algorithms
   std::unique_ptr<cpu_algorithms::Collectives> sync_ops_;  // the CPU algorithms on it
   std::unique_ptr<AsyncOps> async_ops_;                    // Gloo's collectives on the async mesh
   std::vector<FoundSocket> sockets_;  // of our pairs, for abort()
   std::vector<std::pair<sockaddr_storage, int>> peer_endpoints_;  // remote end or listen address -> rank
-
-  // After the first fatal error (or abort()) every op fails fast.
-  cpu_algorithms::BrokenState failure_;
-
-  bool finalized_ = false;
-  // Runs ops in submission order (op_queue.h). Last: destroyed first,
-  // while everything execute() uses still exists.
-  cpu_algorithms::OpQueue ops_{[this](const plugin::OpDesc& op) { return execute(op); }};
+  Clock::time_point started_;  // the running op's start, for its error's elapsed time
 };
 
 void GlooBackend::connect_meshes() {
@@ -123,7 +111,7 @@ void GlooBackend::connect_meshes() {
   // Pairs copy the context timeout when they are created and use it as their
   // socket read/write timeout, so it must be the op timeout already; the
   // sync mesh keeps it, and ops with another timeout use the async mesh.
-  sync_timeout_ = op_timeout_.load();
+  sync_timeout_ = op_timeout();
   async_mesh_->setTimeout(sync_timeout_);
   sync_mesh_->setTimeout(sync_timeout_);
   Mesh::connect({{async_mesh_.get(), &async_store}, {sync_mesh_.get(), &sync_store}}, *device_);
@@ -138,7 +126,7 @@ void GlooBackend::connect_meshes() {
 }
 
 Status GlooBackend::init() {
-  if (init_.size == 1) return {};  // nothing to connect to: run_op() copies
+  if (init_.size == 1) return {};  // nothing to connect to: its plan copies
   const SocketFds sockets_before = socket_fds();
   try {
     device_ = shared_device(config_);
@@ -150,6 +138,7 @@ Status GlooBackend::init() {
     async_ops_ = std::make_unique<AsyncOps>(async_mesh_, init_.rank, init_.size);
     set_cloexec_on_sockets_since(sockets_before);
     remember_endpoints(opened);
+    sync_mesh_up_.store(true, std::memory_order_release);
     return {};
   } catch (const comms::Error& e) {
     return {e.code(), cat({"rendezvous through the store failed: ", e.what()})};
@@ -183,25 +172,22 @@ void GlooBackend::remember_endpoints(const std::set<int>& opened) {
   }
 }
 
-bool GlooBackend::sync_mesh_takes(const plugin::OpDesc& op) const {
-  return sync_mesh_ && op.timeout == sync_timeout_ &&
-         sync_algorithm_for(op.type, op.count * element_size(op.dtype), init_.size) != Algorithm::kNone;
-}
-
-// The one place that picks how an op runs: a one-rank comm copies; an op
-// the CPU algorithms take (op_rules.h) runs them on the sync mesh when its
-// timeout is the one the sync mesh was connected with; every other op
-// runs Gloo's collectives on the async mesh (gloo_ops.cc).
-void GlooBackend::run_op(const plugin::OpDesc& op) {
-  if (init_.size == 1) return cpu_algorithms::run_on_one_rank(op);
-  if (sync_mesh_takes(op)) return cpu_algorithms::run_collective(*sync_ops_, op);
-  async_ops_->run(op);
+// Runs the op where plan() says: the one-rank copy, the CPU algorithms on
+// the sync mesh, or Gloo's collectives on the async mesh (gloo_ops.cc).
+void GlooBackend::run(const plugin::OpDesc& op) {
+  started_ = Clock::now();
+  const Plan p = plan(op);
+  switch (p.path) {
+    case Path::kOneRank: return cpu_algorithms::run_on_one_rank(op);
+    case Path::kCollectives: return cpu_algorithms::run_collective(*sync_ops_, p.algorithm, op);
+    default: return async_ops_->run(op);
+  }
 }
 
 Status GlooBackend::translate(const std::exception& e, const plugin::OpDesc* op, Clock::time_point started) const {
   ErrorContext ctx;
-  ctx.aborted = failure_.aborted();
-  if (ctx.aborted) ctx.abort_reason = failure_.reason();
+  ctx.aborted = failure().aborted();
+  if (ctx.aborted) ctx.abort_reason = failure().reason();
   if (op) {
     ctx.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
     ctx.timeout = op->timeout;
@@ -211,78 +197,45 @@ Status GlooBackend::translate(const std::exception& e, const plugin::OpDesc* op,
   return classify_error(e, ctx);
 }
 
-Status GlooBackend::execute(const plugin::OpDesc& op) {
-  if (failure_.broken()) return failure_.status();
-  const auto started = Clock::now();
-  try {
-    run_op(op);
-    return {};
-  } catch (const std::exception& e) {
-    Status s = translate(e, &op, started);
-    failure_.mark_broken(s.message);
-    return s;
-  }
+Status GlooBackend::error_of(const std::exception& e, const plugin::OpDesc& op, bool* fatal) const {
+  *fatal = true;
+  return translate(e, &op, started_);
 }
 
-Status GlooBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work>* work) {
-  if (op.hints && !op.hints->empty()) {
-    return {ErrorCode::kInvalidArgument,
-            cat({"the gloo backend takes no per-op hints (got '", op.hints->begin()->first, "')"})};
-  }
-  if (failure_.broken()) return failure_.status();
-  return ops_.submit(op, work);
-}
-
-Status GlooBackend::split(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) {
-  if (desc.ranks.empty()) return {};  // a Gloo child is its own mesh: nothing to do here
+Status GlooBackend::make_child(const plugin::SplitDesc& desc, std::unique_ptr<CpuBackend>* child) const {
   GlooConfig cfg;
   Status s = resolve_config(desc.child.hints, desc.child.local_size, desc.child.size,
                             init_.store_local_address, &cfg);
   if (!s.is_ok()) return s;
   plugin::BackendInit child_init = desc.child;
   child_init.store_local_address = init_.store_local_address;
-  auto backend = std::make_unique<GlooBackend>(child_init, std::move(cfg));
-  s = backend->init();
-  if (!s.is_ok()) return s;
-  *child = std::move(backend);
+  *child = std::make_unique<GlooBackend>(child_init, std::move(cfg));
   return {};
 }
 
-Status GlooBackend::set_hints(const Hints& hints) {
-  for (const auto& [k, v] : hints) {
-    if (k == "busy_poll") {
-      GlooConfig cfg = config_;
-      Status s = resolve_busy_poll(v, "hint gloo.busy_poll", init_.local_size, &cfg);
-      if (!s.is_ok()) return s;
-      config_.busy_poll = cfg.busy_poll;
-      config_.busy_poll_enabled = cfg.busy_poll_enabled;
-      config_.spin = cfg.spin;
-      if (sync_mesh_) {
-        sync_mesh_->set_sync(cfg.busy_poll == "1", *device_);
-        transport_->set_spin(cfg.spin);
-      }
-    } else {
-      return {ErrorCode::kUnsupported,
-              cat({"gloo hint '", k, "' cannot change after the comm connected; pass it when creating the comm"})};
-    }
+Status GlooBackend::set_busy_poll(const std::string& value) {
+  GlooConfig cfg = config_;
+  Status s = resolve_busy_poll(value, "hint gloo.busy_poll", init_.local_size, &cfg);
+  if (!s.is_ok()) return s;
+  config_.busy_poll = cfg.busy_poll;
+  config_.busy_poll_enabled = cfg.busy_poll_enabled;
+  config_.spin = cfg.spin;
+  if (sync_mesh_) {
+    sync_mesh_->set_sync(cfg.busy_poll == "1", *device_);
+    transport_->set_spin(cfg.spin);
   }
   return {};
 }
 
-void GlooBackend::abort(const std::string& reason) {
-  failure_.abort(reason);
+void GlooBackend::wake() {
   // Wake every thread blocked on these sockets (ours and Gloo's loop):
-  // shutdown() makes their reads fail now, and the peers see EOF. Queued
-  // async ops still run, in order, and fail fast in execute().
+  // shutdown() makes their reads fail now, and the peers see EOF.
   for (const auto& socket : sockets_) {
     if (still_the_same(socket)) ::shutdown(socket.fd, SHUT_RDWR);
   }
 }
 
-Status GlooBackend::finalize() {
-  if (finalized_) return {};
-  finalized_ = true;
-  ops_.stop_and_join();  // queued ops run first (after abort() they fail fast)
+Status GlooBackend::release() {
   sync_ops_.reset();
   transport_.reset();  // its buffers unregister from the pairs
   if (async_ops_) async_ops_->reset();
@@ -308,7 +261,16 @@ std::string GlooBackend::describe() const {
   j["busy_poll_enabled"] = config_.busy_poll_enabled;
   j["spin_us"] = config_.spin.count();
   j["sync_path_max_bytes"] = kSyncPathMaxBytes;
-  j["op_timeout_ms"] = op_timeout_.load().count();
+  j["op_timeout_ms"] = op_timeout().count();
+  // Once connected, for ops with the comm's op timeout (one with another
+  // timeout runs Gloo's collectives).
+  const bool up = sync_mesh_up_.load(std::memory_order_acquire);
+  if (init_.size == 1 || up) {
+    const GlooShape comm{init_.size, up && op_timeout() == sync_timeout_};
+    j["paths"] = nlohmann::ordered_json::parse(cpu_algorithms::paths_json(
+        [&](OpType type, size_t bytes) { return path_name(type, gloo_backend::plan(type, bytes, comm)); },
+        init_.size, {}));
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }
 

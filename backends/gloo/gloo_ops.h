@@ -1,7 +1,7 @@
 // The ops the Gloo backend runs with Gloo's own collectives, on the mesh of
-// asynchronous pairs (op_rules.h says which). A one-rank comm has no mesh:
-// the backend copies (cpu_algorithms::run_on_one_rank). Runs on one thread
-// at a time (the backend's op queue).
+// asynchronous pairs (op_rules.h's plan says which). A one-rank comm has no
+// mesh: its plan copies (cpu_algorithms::run_on_one_rank). Runs on one
+// thread at a time (the backend's op queue).
 #pragma once
 
 #include <memory>
@@ -11,7 +11,7 @@
 #include <gloo/context.h>
 
 #include "comms/plugin.h"
-#include "op_runner.h"  // finish_reduction
+#include "plan.h"  // finish_reduction
 
 namespace comms::gloo_backend {
 

@@ -1,17 +1,18 @@
-// Each op's rules in the Gloo layer, in one place: which algorithm runs it
-// and under what name, used by the backend, by comms-bench's raw-Gloo
-// baseline (so the baseline times the same algorithm) and by comms-bench's
-// output.
+// Each op's rules in the Gloo layer, in one place: plan() picks the path
+// every op takes (the backend runs what it says), and path_name() names it
+// for describe()'s "paths" and comms-bench's output; comms-bench's raw-Gloo
+// baseline runs the same plan.
 //
-// Small collectives, every all_reduce, and barrier run the CPU algorithms
-// (backends/cpu_algorithms/algorithms.h says which, by size) on a mesh of
-// synchronous pairs (gloo_transport.h). Everything else runs Gloo's
-// options-style collectives on the async mesh (gloo_ops.cc: allreduce's
-// ring, broadcast, allgather(v), alltoall(v), gather, scatter, reduce;
-// reduce_scatter as alltoall plus a local reduction), as do ops with a
-// timeout other than the comm's. In-place forms: Gloo's collectives take
-// in-place as "no input"; gather, scatter, all_to_all(v) copy an in-place
-// input aside first (Gloo would read what it already overwrote).
+// A one-rank comm copies. Small collectives, every all_reduce, and barrier
+// run the CPU algorithms (backends/cpu_algorithms/algorithms.h says which,
+// by size) on a mesh of synchronous pairs (gloo_transport.h), when the op's
+// timeout is the one that mesh's pairs were made with. Everything else runs
+// Gloo's options-style collectives on the async mesh (gloo_ops.cc:
+// allreduce's ring, broadcast, allgather(v), alltoall(v), gather, scatter,
+// reduce; reduce_scatter as alltoall plus a local reduction). In-place
+// forms: Gloo's collectives take in-place as "no input"; gather, scatter,
+// all_to_all(v) copy an in-place input aside first (Gloo would read what it
+// already overwrote).
 #pragma once
 
 #include <sched.h>
@@ -22,21 +23,35 @@
 
 #include "algorithms.h"
 #include "comms/plugin.h"
+#include "plan.h"
 
 namespace comms::gloo_backend {
 
 using cpu_algorithms::Algorithm;
 using cpu_algorithms::kExchangeMaxBytes;
 using cpu_algorithms::kSyncPathMaxBytes;
+using cpu_algorithms::Path;
+using cpu_algorithms::Plan;
 
-// The CPU algorithm an op of `bytes` per rank runs on the sync mesh; kNone:
-// Gloo's collective on the async mesh.
-constexpr Algorithm sync_algorithm_for(plugin::OpType type, size_t bytes, int size) {
-  return cpu_algorithms::algorithm_for(type, bytes, size);
+// What a Gloo comm's plan reads besides the op.
+struct GlooShape {
+  int size = 1;
+  // The op may run on the sync mesh: it is connected and the op's timeout
+  // is the one its pairs were made with (they keep it as their socket
+  // timeout).
+  bool sync_mesh = false;
+};
+
+// The path of an op of `bytes` per rank (cpu_algorithms::bytes_of).
+constexpr Plan plan(plugin::OpType type, size_t bytes, GlooShape comm) {
+  if (comm.size == 1) return {Path::kOneRank};
+  const Algorithm a = comm.sync_mesh ? cpu_algorithms::algorithm_for(type, bytes, comm.size) : Algorithm::kNone;
+  return a != Algorithm::kNone ? Plan{Path::kCollectives, a} : Plan{Path::kGlooNative};
 }
 
-constexpr std::string_view algorithm_name(plugin::OpType type, Algorithm a) {
-  if (a != Algorithm::kNone) return cpu_algorithms::algorithm_name(type, a);
+constexpr std::string_view path_name(plugin::OpType type, Plan p) {
+  if (p.path == Path::kOneRank) return "one-rank copy";
+  if (p.path == Path::kCollectives) return cpu_algorithms::algorithm_name(type, p.algorithm);
   switch (type) {
     case plugin::OpType::kReduceScatter:
     case plugin::OpType::kReduceScatterV: return "alltoall(v) + local reduce";

@@ -18,12 +18,11 @@
 
 #include "algorithms.h"
 #include "collectives.h"
-#include "op_runner.h"
+#include "plan.h"
 #include "reductions.h"
 
 namespace comms::ucx_backend {
 
-using cpu_algorithms::Algorithm;
 using cpu_algorithms::CountMismatch;
 using cpu_algorithms::TransportError;
 using Kind = TransportError::Kind;
@@ -33,7 +32,7 @@ namespace {
 
 constexpr size_t kHeaderBytes = 16;  // the data: 16-byte aligned, enough for every dtype
 constexpr size_t kFirstLineBytes = 64 - kHeaderBytes;  // the data that shares the op's cache line
-constexpr size_t kSlotBytes = (kHeaderBytes + ShmCollectives::kMaxBytes + 63) / 64 * 64;
+constexpr size_t kSlotBytes = (kHeaderBytes + kShmMaxBytes + 63) / 64 * 64;
 // Looks at the flags between pauses (a pause is ~25 ns here) before the
 // wait reads the clock, checks the peers and may yield: a peer a few
 // hundred ns behind is seen as soon as it publishes.
@@ -142,19 +141,6 @@ void ShmCollectives::set_spin(const UcxSettings& s) {
   spin_us_ = s.spin.count();
   yield_ = s.yield;
   yield_after_us_ = s.yield_after.count();
-}
-
-bool ShmCollectives::takes(const plugin::OpDesc& op) const {
-  const size_t bytes = op.count * element_size(op.dtype);
-  const Algorithm a = cpu_algorithms::algorithm_for(op.type, bytes, size_);
-  switch (op.type) {
-    case OpType::kBarrier: return true;
-    case OpType::kBroadcast: return a == Algorithm::kBroadcast && bytes <= kMaxBytes;
-    case OpType::kAllReduce:
-    case OpType::kAllGather: return a == Algorithm::kExchange && bytes <= kMaxBytes;
-    case OpType::kReduceScatter: return a == Algorithm::kExchange && bytes * static_cast<size_t>(size_) <= kMaxBytes;
-    default: return false;
-  }
 }
 
 unsigned char* ShmCollectives::slot(int rank, uint64_t op) const {
@@ -390,8 +376,7 @@ uint64_t ShmCollectives::exchange(const void* in, size_t bytes, size_t block_byt
 // all_reduce (blocks 1) and reduce_scatter (blocks = size: each slot holds a
 // rank's whole input, and this rank reduces its own block of each).
 void ShmCollectives::reduce(const plugin::OpDesc& op, size_t blocks, Deadline& deadline) {
-  const cpu_algorithms::ReduceFn fn = cpu_algorithms::reduce_fn(op.dtype, op.reduce.kind);
-  if (!fn) throw std::invalid_argument("no reduction for this dtype and kind");
+  const cpu_algorithms::ReduceFn fn = cpu_algorithms::reduction_of(op);
   const size_t bytes = op.count * element_size(op.dtype);  // this rank's result
   const uint64_t k = exchange(op.input, bytes * blocks, bytes, deadline);
   Reading reading(*this, k, false);

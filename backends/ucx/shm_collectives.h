@@ -8,10 +8,11 @@
 // per peer.
 //
 // Ops: barrier, and all_reduce, all_gather, reduce_scatter and broadcast
-// whose data per rank fits kMaxBytes and which the CPU algorithms would run
-// as a direct exchange (or broadcast from the root): the same reductions in
-// rank order as Collectives::all_reduce, so the same bits on every rank and
-// either path. Each slot starts with the op's length and number, so ranks
+// whose data per rank fits kShmMaxBytes and which the CPU algorithms would
+// run as a direct exchange (or broadcast from the root), as the UCX plan
+// picks them (ucx_plan.h): the same reductions in rank order as
+// Collectives::all_reduce, so the same bits on every rank and either path.
+// Each slot starts with the op's length and number, so ranks
 // that pass different counts get CountMismatch as on the exchange path.
 //
 // Each rank has kDepth slots, used in turn; a rank writes a slot again only
@@ -40,17 +41,13 @@
 #include "comms/store.h"
 #include "reductions.h"
 #include "transport.h"
+#include "ucx_plan.h"
 #include "ucx_transport.h"
 
 namespace comms::ucx_backend {
 
 class ShmCollectives {
  public:
-  // The most bytes a rank puts in its slot per op (reduce_scatter: its
-  // whole input). It bounds the segment (kDepth slots per rank); it was not
-  // tuned by measurement (docs/DESIGN.md, "UCX: small collectives through
-  // shared memory").
-  static constexpr size_t kMaxBytes = 16 * 1024;
   static constexpr int kSliceMs = 50;
   // Slots per rank, used in turn: a broadcast's root (which waits for no
   // one) runs at most this many ops ahead of its slowest reader.
@@ -66,10 +63,7 @@ class ShmCollectives {
   ShmCollectives(const ShmCollectives&) = delete;
   ShmCollectives& operator=(const ShmCollectives&) = delete;
 
-  // Whether run() takes this op (by type and size alone, so every rank
-  // that passes the same arguments decides alike).
-  bool takes(const plugin::OpDesc& op) const;
-  // Throws TransportError (timeout, a dead peer, abort), CountMismatch, or
+  // An op the UCX plan gives to this path (ucx_plan.h). Throws TransportError (timeout, a dead peer, abort), CountMismatch, or
   // std::invalid_argument for a missing reduction.
   void run(const plugin::OpDesc& op);
   // From any thread: the running wait and every later one throw kAborted.

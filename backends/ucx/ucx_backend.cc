@@ -1,15 +1,19 @@
 #include "ucx_backend.h"
 
+#include <atomic>
+#include <stdexcept>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "broken_state.h"
-#include "op_queue.h"
-#include "op_runner.h"
-#include "reductions.h"
+#include "collectives.h"
+#include "cpu_backend.h"
+#include "path_table.h"
+#include "plan.h"
 #include "shm_collectives.h"
 #include "ucx_log.h"
+#include "ucx_plan.h"
+#include "vector_collectives.h"
 
 namespace comms::ucx_backend {
 namespace {
@@ -26,51 +30,39 @@ ErrorCode code_of(TransportError::Kind kind) {
   return ErrorCode::kInternal;
 }
 
-class UcxBackend : public plugin::Backend {
+class UcxBackend final : public cpu_algorithms::CpuBackend {
  public:
   UcxBackend(const plugin::BackendInit& init, UcxSettings settings)
-      : init_(init), settings_(std::move(settings)), op_timeout_(init.op_timeout) {}
-  ~UcxBackend() override {
-    if (!finalized_) finalize();
-  }
+      : CpuBackend(
+            init, "ucx", [this](const plugin::OpDesc& op) { return execute(*this, op); },
+            [this] { return transport_->progress_in_flight(); }),
+        settings_(std::move(settings)) {}
+  ~UcxBackend() override { close(); }
 
   Status init() override;
-  Status submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work>* work) override;
-  Status split(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) override;
-  Status set_hints(const Hints& hints) override;
-  Status set_op_timeout(std::chrono::milliseconds t) override {
-    op_timeout_ = t;
-    return {};
-  }
-  void abort(const std::string& reason) override;
-  Status finalize() override;
   std::string describe() const override;
-  bool supports_reduction(DataType dtype, ReduceKind kind) const override {
-    return cpu_algorithms::reduce_fn(dtype, kind) != nullptr;
-  }
 
  private:
-  Status execute(const plugin::OpDesc& op);
+  friend class cpu_algorithms::CpuBackend;  // its execute() calls run() and error_of()
   void run(const plugin::OpDesc& op);
+  // A TransportError keeps its kind and peer; an invalid argument leaves the comm usable.
+  Status error_of(const std::exception& e, const plugin::OpDesc& op, bool* fatal) const;
+  void wake() override;  // aborts the transport and the shared-memory path
+  Status release() override;  // flushes what is in flight within the op timeout
+  Status make_child(const plugin::SplitDesc& desc, std::unique_ptr<CpuBackend>* child) const override;
+  Status set_busy_poll(const std::string& value) override;
+  void point_to_point(const plugin::OpDesc& op);
 
-  plugin::BackendInit init_;
   UcxSettings settings_;
-  std::atomic<std::chrono::milliseconds> op_timeout_;
   std::unique_ptr<UcxTransport> transport_;
-  std::unique_ptr<cpu_algorithms::OpRunner> runner_;
+  std::unique_ptr<cpu_algorithms::Collectives> collectives_;
+  std::unique_ptr<cpu_algorithms::VectorCollectives> pairwise_;
   std::unique_ptr<ShmCollectives> shm_;  // small collectives when every rank is on this host
+  UcxShape shape_;  // what plan() reads, fixed at init
+  std::atomic<bool> planned_{false};  // shape_ is set: describe() prints the paths
   std::string devices_, transports_;  // what the transport opened and selected, read at init
   std::string shm_state_ = "off (one rank)";  // for describe()
   std::string direct_copies_ = "none";        // for describe(): UcxTransport::direct_text
-
-  // After the first fatal error (or abort()) every op fails fast.
-  cpu_algorithms::BrokenState failure_;
-
-  bool finalized_ = false;
-  // Runs ops in submission order (op_queue.h). Last: destroyed first,
-  // while everything execute() uses still exists.
-  cpu_algorithms::OpQueue ops_{[this](const plugin::OpDesc& op) { return execute(op); },
-                               [this] { return transport_->progress_in_flight(); }};
 };
 
 Status UcxBackend::init() {
@@ -81,14 +73,22 @@ Status UcxBackend::init() {
     devices_ = transport_->devices();
     transports_ = transport_->transports();
     direct_copies_ = transport_->direct_text();
-    runner_ = std::make_unique<cpu_algorithms::OpRunner>(*transport_, op_timeout_.load());
+    collectives_ = std::make_unique<cpu_algorithms::Collectives>(*transport_, op_timeout());
+    pairwise_ = std::make_unique<cpu_algorithms::VectorCollectives>(*transport_);
     if (init_.size > 1 && !settings_.shm) shm_state_ = "off (COMMS_UCX_SHM)";
     else if (init_.size > 1 && !transport_->all_peers_local()) shm_state_ = "off (ranks on other hosts)";
     else if (init_.size > 1) {
       shm_ = ShmCollectives::create(*transport_, *init_.store, init_.init_timeout, settings_, init_.log);
-      shm_state_ = shm_ ? "on, up to " + std::to_string(ShmCollectives::kMaxBytes) + " bytes per rank"
+      shm_state_ = shm_ ? "on, up to " + std::to_string(kShmMaxBytes) + " bytes per rank"
                         : "off (a rank could not map the segment)";
     }
+    shape_.size = init_.size;
+    shape_.shm_max_bytes = shm_ ? kShmMaxBytes : 0;
+    shape_.copies_direct = init_.size > 1;
+    for (int p = 0; p < init_.size; ++p) {
+      if (p != init_.rank && !transport_->copies_direct(p)) shape_.copies_direct = false;
+    }
+    planned_.store(true, std::memory_order_release);
     return {};
   } catch (const Error& e) {
     return {e.code(), std::string("exchanging UCX worker addresses through the store failed: ") + e.what()};
@@ -99,113 +99,97 @@ Status UcxBackend::init() {
   }
 }
 
+// Runs the op where plan() (ucx_plan.h) says; the one place that decides.
 void UcxBackend::run(const plugin::OpDesc& op) {
-  // Not on the shared-memory path, which reads the clock only when it waits long.
-  auto deadline = [&] { return cpu_algorithms::Clock::now() + op.timeout; };
+  const Plan p = plan(op.type, cpu_algorithms::bytes_of(op), shape_);
+  switch (p.path) {
+    case Path::kShm: shm_->run(op); break;
+    case Path::kCollectives:
+      collectives_->set_timeout(op.timeout);
+      cpu_algorithms::run_collective(*collectives_, p.algorithm, op);
+      break;
+    case Path::kPairwise: cpu_algorithms::run_pairwise(*pairwise_, op); break;
+    case Path::kPointToPoint: point_to_point(op); break;
+    case Path::kOneRank: cpu_algorithms::run_on_one_rank(op); break;
+    case Path::kGlooNative: throw std::logic_error("the UCX plan never chooses Gloo's collectives");
+  }
+  // A send left in flight (send_buffered) needs this rank's progress to
+  // reach its receiver, whatever this rank does next.
+  if (transport_->has_in_flight()) progress_later();
+}
+
+void UcxBackend::point_to_point(const plugin::OpDesc& op) {
+  const auto deadline = cpu_algorithms::Clock::now() + op.timeout;
   const size_t es = element_size(op.dtype);
   switch (op.type) {
     case OpType::kSend:
       return transport_->point_to_point({{true, op.peer, op.tag, const_cast<void*>(op.input), op.count * es}},
-                                        deadline());
+                                        deadline);
     case OpType::kRecv:
-      return transport_->point_to_point({{false, op.peer, op.tag, op.output, op.count * es}}, deadline());
-    case OpType::kBatchP2P: {
+      return transport_->point_to_point({{false, op.peer, op.tag, op.output, op.count * es}}, deadline);
+    default: {
       std::vector<UcxTransport::P2P> ops;
       for (const auto& p : op.p2p) {
         ops.push_back({p.kind == P2POp::Kind::kSend, p.peer, p.tag, p.buffer.data, p.buffer.bytes()});
       }
-      return ops.empty() ? void() : transport_->point_to_point(ops, deadline());
+      return ops.empty() ? void() : transport_->point_to_point(ops, deadline);
     }
-    default:
-      if (shm_ && shm_->takes(op)) return shm_->run(op);
-      return runner_->run(op);
   }
 }
 
-Status UcxBackend::execute(const plugin::OpDesc& op) {
-  if (failure_.broken()) return failure_.status();
-  Status s;
-  try {
-    run(op);
-    // A send left in flight (send_buffered) needs this rank's progress to
-    // reach its receiver, whatever this rank does next.
-    if (transport_->has_in_flight()) ops_.progress_later();
-    return {};
-  } catch (const TransportError& e) {
-    s = {code_of(e.kind()), e.what(), e.peer()};
-    if (failure_.aborted() || e.kind() == TransportError::Kind::kAborted) {
-      s = {ErrorCode::kAborted, "aborted: " + failure_.reason() + " (" + e.what() + ")", e.peer()};
+Status UcxBackend::error_of(const std::exception& e, const plugin::OpDesc&, bool* fatal) const {
+  *fatal = true;
+  if (const auto* t = dynamic_cast<const TransportError*>(&e)) {
+    if (failure().aborted() || t->kind() == TransportError::Kind::kAborted) {
+      return {ErrorCode::kAborted, "aborted: " + failure().reason() + " (" + t->what() + ")", t->peer()};
     }
-  } catch (const std::invalid_argument& e) {
-    return {ErrorCode::kInvalidArgument, e.what()};  // nothing was sent: the comm stays usable
-  } catch (const std::exception& e) {
-    s = {ErrorCode::kInternal, e.what()};
+    return {code_of(t->kind()), t->what(), t->peer()};
   }
-  failure_.mark_broken(s.message);
-  return s;
+  if (dynamic_cast<const std::invalid_argument*>(&e)) {
+    *fatal = false;  // nothing was sent: the comm stays usable
+    return {ErrorCode::kInvalidArgument, e.what()};
+  }
+  return {ErrorCode::kInternal, e.what()};
 }
 
-Status UcxBackend::submit(const plugin::OpDesc& op, std::unique_ptr<plugin::Work>* work) {
-  if (op.hints && !op.hints->empty()) {
-    return {ErrorCode::kInvalidArgument,
-            "the ucx backend takes no per-op hints (got '" + op.hints->begin()->first + "')"};
-  }
-  if (failure_.broken()) return failure_.status();
-  return ops_.submit(op, work);
-}
-
-Status UcxBackend::split(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) {
-  if (desc.ranks.empty()) return {};  // a UCX child is its own set of endpoints
+Status UcxBackend::make_child(const plugin::SplitDesc& desc, std::unique_ptr<CpuBackend>* child) const {
   UcxSettings settings;
   Status s = resolve_settings(desc.child.hints, desc.child.local_size, &settings);
   if (!s.is_ok()) return s;
   plugin::BackendInit child_init = desc.child;
   if (!child_init.log) child_init.log = init_.log;
-  auto backend = std::make_unique<UcxBackend>(child_init, std::move(settings));
-  s = backend->init();
+  *child = std::make_unique<UcxBackend>(child_init, std::move(settings));
+  return {};
+}
+
+Status UcxBackend::set_busy_poll(const std::string& value) {
+  UcxSettings next;
+  Status s = resolve_settings({{"busy_poll", value}}, init_.local_size, &next);
   if (!s.is_ok()) return s;
-  *child = std::move(backend);
+  settings_.busy_poll = next.busy_poll;
+  settings_.spin_forever = next.spin_forever;
+  settings_.spin = next.spin;
+  settings_.yield = next.yield;
+  settings_.yield_after = next.yield_after;
+  if (transport_) transport_->set_spin(settings_);
+  if (shm_) shm_->set_spin(settings_);
   return {};
 }
 
-Status UcxBackend::set_hints(const Hints& hints) {
-  for (const auto& [k, v] : hints) {
-    if (k != "busy_poll") {
-      return {ErrorCode::kUnsupported,
-              "ucx hint '" + k + "' cannot change after the comm connected; pass it when creating the comm"};
-    }
-    UcxSettings next;
-    Status s = resolve_settings({{"busy_poll", v}}, init_.local_size, &next);
-    if (!s.is_ok()) return s;
-    settings_.busy_poll = next.busy_poll;
-    settings_.spin_forever = next.spin_forever;
-    settings_.spin = next.spin;
-    settings_.yield = next.yield;
-    settings_.yield_after = next.yield_after;
-    if (transport_) transport_->set_spin(settings_);
-    if (shm_) shm_->set_spin(settings_);
-  }
-  return {};
-}
-
-void UcxBackend::abort(const std::string& reason) {
-  failure_.abort(reason);
-  // The transport fails the running op now; queued async ops still run, in
-  // order, and fail fast in execute().
+void UcxBackend::wake() {
+  // The transport fails the running op now.
   if (transport_) transport_->abort();
   if (shm_) shm_->abort();
 }
 
-Status UcxBackend::finalize() {
-  if (finalized_) return {};
-  finalized_ = true;
-  ops_.stop_and_join();  // queued ops run first (after abort() they fail fast)
-  runner_.reset();
+Status UcxBackend::release() {
+  collectives_.reset();
+  pairwise_.reset();
   shm_.reset();
   bool flushed = true;
-  if (transport_) flushed = transport_->flush(cpu_algorithms::Clock::now() + op_timeout_.load());
+  if (transport_) flushed = transport_->flush(cpu_algorithms::Clock::now() + op_timeout());
   transport_.reset();
-  if (!flushed && !failure_.broken()) {
+  if (!flushed && !failure().broken()) {
     return {ErrorCode::kTimeout, "messages to peers were still in flight when the op timeout ran out at finalize"};
   }
   return {};
@@ -225,7 +209,12 @@ std::string UcxBackend::describe() const {
   j["spin_us"] = settings_.spin_forever ? -1 : settings_.spin.count();
   j["yield_while_polling"] = settings_.yield;
   j["yield_after_us"] = settings_.yield_after.count();
-  j["op_timeout_ms"] = op_timeout_.load().count();
+  j["op_timeout_ms"] = op_timeout().count();
+  if (planned_.load(std::memory_order_acquire)) {  // once connected: shared memory and direct copies are known
+    j["paths"] = nlohmann::ordered_json::parse(cpu_algorithms::paths_json(
+        [&](OpType type, size_t bytes) { return path_name(type, plan(type, bytes, shape_), shape_); }, init_.size,
+        {shape_.shm_max_bytes}));
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }
 

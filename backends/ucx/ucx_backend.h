@@ -1,8 +1,10 @@
 // The UCX backend: every comms operation on CPU buffers over UCX (shared
 // memory and cross-memory attach on one host, TCP or RDMA across hosts).
-// Built only against include/comms/plugin.h and UCX; the collectives are
-// the CPU algorithms (backends/cpu_algorithms/op_runner.h) on a UCX
-// transport (ucx_transport.h).
+// Built only against include/comms/plugin.h and UCX; the backend class is
+// a cpu_algorithms::CpuBackend, its collectives the CPU algorithms
+// (backends/cpu_algorithms/plan.h) on a UCX transport (ucx_transport.h) or
+// the shared-memory collectives (shm_collectives.h), as its plan
+// (ucx_plan.h) picks.
 #pragma once
 
 #include <memory>

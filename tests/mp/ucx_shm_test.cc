@@ -25,7 +25,7 @@
 namespace comms {
 namespace {
 
-// The path's limit per rank (ShmCollectives::kMaxBytes).
+// The path's limit per rank (kShmMaxBytes in backends/ucx/ucx_plan.h).
 constexpr size_t kShmMaxBytes = 16 * 1024;
 
 struct Comms {
@@ -78,6 +78,9 @@ TEST(UcxShm, TheCommUsesTheSharedMemoryPathAndTheDisabledOneDoesNot) {
   EXPECT_NE(comms().shm->describe().find("\"shm_collectives\": \"on"), std::string::npos) << comms().shm->describe();
   EXPECT_NE(comms().ucx->describe().find("\"shm_collectives\": \"off (COMMS_UCX_SHM)"), std::string::npos)
       << comms().ucx->describe();
+  // describe()'s path table says so too.
+  EXPECT_NE(comms().shm->describe().find("\"path\": \"shm\""), std::string::npos) << comms().shm->describe();
+  EXPECT_EQ(comms().ucx->describe().find("\"path\": \"shm\""), std::string::npos) << comms().ucx->describe();
 }
 
 TEST(UcxShm, TheSegmentIsUnlinkedOnceEveryRankMappedIt) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collectives.h"
+#include "plan.h"
 #include "vector_collectives.h"
 
 namespace comms::cpu_algorithms {
@@ -110,8 +111,56 @@ class FakeTransport final : public Transport {
   bool in_place_;
 };
 
+// Collectives as a backend's plan runs them: each op with the algorithm
+// algorithm_for gives it on this transport, and on a one-rank comm the
+// plan's copy (run_on_one_rank) instead.
+class Planned {
+ public:
+  Planned(Collectives& c, bool in_place) : c_(c), in_place_(in_place) {}
+  void all_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+    if (!one_rank(in, out, count * es)) c_.all_reduce(algo(OpType::kAllReduce, count * es), in, out, count, es, fn);
+  }
+  void reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn, int root) {
+    if (!one_rank(in, out, count * es)) c_.reduce(algo(OpType::kReduce, count * es), in, out, count, es, fn, root);
+  }
+  void all_gather(const void* in, void* out, size_t bytes) {
+    if (!one_rank(in, out, bytes)) c_.all_gather(algo(OpType::kAllGather, bytes), in, out, bytes);
+  }
+  void reduce_scatter(const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
+    if (!one_rank(in, out, count * es)) {
+      c_.reduce_scatter(algo(OpType::kReduceScatter, count * es), in, out, count, es, fn);
+    }
+  }
+  void all_to_all(const void* in, void* out, size_t bytes) {
+    if (!one_rank(in, out, bytes)) c_.all_to_all(in, out, bytes);
+  }
+  void gather(const void* in, void* out, size_t bytes, int root) {
+    if (!one_rank(in, out, bytes)) c_.gather(in, out, bytes, root);
+  }
+  void scatter(const void* in, void* out, size_t bytes, int root) {
+    if (!one_rank(in, out, bytes)) c_.scatter(in, out, bytes, root);
+  }
+  void broadcast(const void* in, void* out, size_t bytes, int root) {
+    if (!one_rank(in, out, bytes)) c_.broadcast(algo(OpType::kBroadcast, bytes), in, out, bytes, root);
+  }
+  void barrier() {
+    if (c_.size() > 1) c_.barrier();
+  }
+
+ private:
+  using OpType = plugin::OpType;
+  Algorithm algo(OpType type, size_t bytes) const { return algorithm_for(type, bytes, c_.size(), in_place_); }
+  bool one_rank(const void* in, void* out, size_t bytes) const {
+    if (c_.size() > 1) return false;
+    if (in != out) std::memmove(out, in, bytes);
+    return true;
+  }
+  Collectives& c_;
+  bool in_place_;
+};
+
 // Runs body(rank, collectives) on one thread per rank; then no message is left.
-void run_ranks(int size, const std::function<void(int, Collectives&)>& body, std::chrono::milliseconds timeout = 10s,
+void run_ranks(int size, const std::function<void(int, Planned&)>& body, std::chrono::milliseconds timeout = 10s,
                bool drained = true, bool in_place = false, std::vector<bool> direct = {}, int* direct_copies = nullptr) {
   Network net(size);
   net.direct = std::move(direct);
@@ -120,7 +169,8 @@ void run_ranks(int size, const std::function<void(int, Collectives&)>& body, std
     threads.emplace_back([&, r] {
       FakeTransport t(net, r, in_place);
       Collectives c(t, timeout);
-      body(r, c);
+      Planned planned(c, in_place);
+      body(r, planned);
     });
   }
   for (auto& t : threads) t.join();
@@ -134,8 +184,8 @@ int32_t value(int r, size_t i) { return static_cast<int32_t>((i * 7 + static_cas
 
 // A rank's body: an int32 broadcast of value(root, i) from `root`, each
 // element checked.
-std::function<void(int, Collectives&)> broadcast_checked(size_t count, int root) {
-  return [count, root](int r, Collectives& c) {
+std::function<void(int, Planned&)> broadcast_checked(size_t count, int root) {
+  return [count, root](int r, Planned& c) {
     std::vector<int32_t> in(count), out(count, -1);
     for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
     c.broadcast(in.data(), out.data(), count * 4, root);
@@ -145,8 +195,8 @@ std::function<void(int, Collectives&)> broadcast_checked(size_t count, int root)
 
 // A rank's body: an int32 sum of value(r, i) over `n` ranks, in place or
 // not, each element checked.
-std::function<void(int, Collectives&)> all_reduce_checked(int n, size_t count, bool in_place) {
-  return [n, count, in_place](int r, Collectives& c) {
+std::function<void(int, Planned&)> all_reduce_checked(int n, size_t count, bool in_place) {
+  return [n, count, in_place](int r, Planned& c) {
     std::vector<int32_t> in(count), out(count, -1);
     for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
     int32_t* dst = in_place ? in.data() : out.data();
@@ -172,7 +222,7 @@ TEST(CpuAlgorithms, AllReduceSumsEveryRanksInputOnBothSidesOfTheExchangeLimit) {
   for (int n : kSizes) {
     for (size_t count : counts_for(n)) {
       SCOPED_TRACE(testing::Message() << "size " << n << " count " << count);
-      run_ranks(n, [&](int r, Collectives& c) {
+      run_ranks(n, [&](int r, Planned& c) {
         std::vector<int32_t> in(count), out(count, -1);
         for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
         c.all_reduce(in.data(), out.data(), count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum));
@@ -190,7 +240,7 @@ TEST(CpuAlgorithms, AllReduceInPlaceWithMaxAndMinGivesTheExtremes) {
   for (int n : kSizes) {
     for (ReduceKind kind : {ReduceKind::kMax, ReduceKind::kMin}) {
       for (size_t count : counts_for(n)) {
-        run_ranks(n, [&](int r, Collectives& c) {
+        run_ranks(n, [&](int r, Planned& c) {
           std::vector<int64_t> data(count);
           for (size_t i = 0; i < count; ++i) data[i] = value(r, i);
           c.all_reduce(data.data(), data.data(), count, 8, reduce_fn(DataType::kInt64, kind));
@@ -214,7 +264,7 @@ TEST(CpuAlgorithms, FloatReductionsGiveEveryRankTheSameBits) {
       const size_t es = element_size(dtype);
       for (size_t count : {size_t{5}, kExchangeMaxBytes / es / static_cast<size_t>(n) + 3, size_t{100003}}) {
         std::vector<std::vector<unsigned char>> results(static_cast<size_t>(n));
-        run_ranks(n, [&](int r, Collectives& c) {
+        run_ranks(n, [&](int r, Planned& c) {
           std::mt19937 rng(static_cast<unsigned>(r) * 7919u + 1);
           std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
           std::vector<unsigned char> in(count * es), out(count * es);
@@ -244,7 +294,7 @@ TEST(CpuAlgorithms, ReduceLeavesTheSumAtEveryRootAndTouchesNoOtherOutput) {
   for (int n : kSizes) {
     for (int root = 0; root < n; ++root) {
       for (size_t count : counts_for(n)) {
-        run_ranks(n, [&](int r, Collectives& c) {
+        run_ranks(n, [&](int r, Planned& c) {
           std::vector<int32_t> in(count), out(count, -7);
           for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
           c.reduce(in.data(), out.data(), count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum), root);
@@ -262,7 +312,7 @@ TEST(CpuAlgorithms, ReduceLeavesTheSumAtEveryRootAndTouchesNoOtherOutput) {
 TEST(CpuAlgorithms, AllGatherPutsEveryRanksBlockInRankOrder) {
   for (int n : kSizes) {
     for (size_t count : counts_for(n)) {
-      run_ranks(n, [&](int r, Collectives& c) {
+      run_ranks(n, [&](int r, Planned& c) {
         std::vector<int32_t> in(count), out(count * static_cast<size_t>(n), -1);
         for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
         c.all_gather(in.data(), out.data(), count * 4);
@@ -279,7 +329,7 @@ TEST(CpuAlgorithms, AllGatherPutsEveryRanksBlockInRankOrder) {
 TEST(CpuAlgorithms, ReduceScatterGivesEachRankTheSumOfItsBlock) {
   for (int n : kSizes) {
     for (size_t count : counts_for(n)) {
-      run_ranks(n, [&](int r, Collectives& c) {
+      run_ranks(n, [&](int r, Planned& c) {
         const size_t total = count * static_cast<size_t>(n);
         std::vector<int32_t> in(total), out(count, -1);
         for (size_t i = 0; i < total; ++i) in[i] = value(r, i);
@@ -299,7 +349,7 @@ TEST(CpuAlgorithms, AllToAllGatherAndScatterMoveEveryBlockToItsRank) {
   for (int n : kSizes) {
     const size_t count = kExchangeMaxBytes / 4 / static_cast<size_t>(n) - 1;  // uneven, largest that fits
     for (int root = 0; root < n; ++root) {
-      run_ranks(n, [&](int r, Collectives& c) {
+      run_ranks(n, [&](int r, Planned& c) {
         const size_t total = count * static_cast<size_t>(n);
         std::vector<int32_t> in(total), out(total, -1);
         for (size_t i = 0; i < total; ++i) in[i] = value(r, i);
@@ -327,7 +377,7 @@ TEST(CpuAlgorithms, AllToAllGatherAndScatterMoveEveryBlockToItsRank) {
 TEST(CpuAlgorithms, BroadcastAndBarrierReachEveryRank) {
   for (int n : kSizes) {
     for (int root = 0; root < n; ++root) {
-      run_ranks(n, [&](int r, Collectives& c) {
+      run_ranks(n, [&](int r, Planned& c) {
         const size_t count = kSyncPathMaxBytes / 4 - 5;
         std::vector<int32_t> data(count, -1);
         if (r == root) {
@@ -359,7 +409,8 @@ TEST(CpuAlgorithms, InPlacePlansBroadcastAndReduceAtEverySwitchPoint) {
       }
     }
   }
-  EXPECT_EQ(algorithm_for(plugin::OpType::kBroadcast, 64u << 20, 2, true), Algorithm::kBroadcast);
+  EXPECT_EQ(algorithm_for(plugin::OpType::kBroadcast, kBroadcastDirectMinBytes - 1, 2, true), Algorithm::kBroadcast);
+  EXPECT_EQ(algorithm_for(plugin::OpType::kBroadcast, 64u << 20, 2, true), Algorithm::kDirectCopies);
   EXPECT_EQ(ring_piece_bytes(1 << 20, true), 64u * 1024);
   EXPECT_EQ(ring_piece_bytes((1 << 20) + 4, true), 32u * 1024);
   EXPECT_EQ(ring_piece_bytes(1 << 20, false), kRingPieceBytes);
@@ -430,7 +481,7 @@ TEST(CpuAlgorithms, LargeAllReduceCopiesDirectlyOnlyWhenEveryRankCan) {
 TEST(CpuAlgorithms, AWaitForAPeerThatNeverSendsEndsAtTheDeadlineNamingThePeer) {
   run_ranks(
       2,
-      [](int r, Collectives& c) {
+      [](int r, Planned& c) {
         if (r == 1) return;  // rank 1 never joins
         const auto start = Clock::now();
         std::vector<int32_t> in(4, 1), out(4);
@@ -451,7 +502,8 @@ TEST(CpuAlgorithms, AWaitForAPeerThatNeverSendsEndsAtTheDeadlineNamingThePeer) {
 TEST(CpuAlgorithms, AbortWakesARankWaitingOnAPeer) {
   Network net(2);
   FakeTransport t0(net, 0);
-  Collectives c(t0, 60s);
+  Collectives collectives(t0, 60s);
+  Planned c(collectives, false);
   std::thread aborter([&] {
     std::this_thread::sleep_for(100ms);
     FakeTransport(net, 1).abort();
@@ -478,7 +530,8 @@ TEST(CpuAlgorithms, RanksPassingDifferentCountsToTheExchangeAllFailWithTheCounts
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
       FakeTransport t(net, r);
-      Collectives c(t, 10s);
+      Collectives collectives(t, 10s);
+      Planned c(collectives, false);
       std::vector<int32_t> x(1024, 1);
       try {
         c.all_reduce(x.data(), x.data(), r == 1 ? 1000 : 1024, sizeof(int32_t), reduce_fn(DataType::kInt32, ReduceKind::kSum));
@@ -508,6 +561,13 @@ TEST(CpuAlgorithms, TheExchangeAndTheRingSplitWhereAlgorithmForSays) {
   EXPECT_EQ(algorithm_for(OpType::kBroadcast, kSyncPathMaxBytes, 8), Algorithm::kBroadcast);
   EXPECT_EQ(algorithm_for(OpType::kBroadcast, kSyncPathMaxBytes + 1, 8), Algorithm::kNone);
   EXPECT_EQ(algorithm_for(OpType::kAllReduce, 0, 2), Algorithm::kNone);
+  // Direct copies only on a transport that sends in place, from their size rule.
+  EXPECT_EQ(algorithm_for(OpType::kAllReduce, 2 * kAllReduceDirectMinSegmentBytes - 1, 2, true),
+            Algorithm::kPipelinedRing);
+  EXPECT_EQ(algorithm_for(OpType::kAllReduce, 2 * kAllReduceDirectMinSegmentBytes, 2, true), Algorithm::kDirectCopies);
+  EXPECT_EQ(algorithm_for(OpType::kAllReduce, 2 * kAllReduceDirectMinSegmentBytes, 2), Algorithm::kPipelinedRing);
+  EXPECT_EQ(algorithm_for(OpType::kReduce, 64u << 20, 2, true), Algorithm::kPipelinedRing);
+  EXPECT_EQ(algorithm_for(OpType::kBroadcast, kBroadcastDirectMinBytes, 2), Algorithm::kBroadcast);
 }
 
 

@@ -106,6 +106,8 @@ TEST_F(GlooBindAddress, LoopbackByNameAndByAddressWorkAndDescribeIsJson) {
     ASSERT_TRUE(config.is_object()) << j.dump();
     const std::string field = std::string(key) == "gloo.interface" ? "interface" : "hostname";
     EXPECT_EQ(config[field], value) << j.dump();
+    // A one-rank comm copies every op (describe()'s path table).
+    EXPECT_EQ(config["paths"]["all_reduce"].dump(), R"([{"max_bytes":null,"path":"one-rank copy"}])") << j.dump();
   }
 }
 

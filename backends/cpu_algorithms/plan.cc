@@ -1,4 +1,4 @@
-#include "op_runner.h"
+#include "plan.h"
 
 #include <cstring>
 #include <stdexcept>
@@ -8,23 +8,11 @@ namespace comms::cpu_algorithms {
 
 using plugin::OpType;
 
+void throw_no_reduction() { throw std::invalid_argument("no reduction for this dtype and kind"); }
+
 void finish_reduction(const plugin::OpDesc& op, void* data, size_t n, int size) {
   if (op.reduce.kind == ReduceKind::kAvg) divide(data, op.dtype, n, size);
   else if (op.reduce.kind == ReduceKind::kPremulSum) scale(data, op.dtype, n, op.reduce.scalar);
-}
-
-void OpRunner::run(const plugin::OpDesc& op) {
-  if (op.type == OpType::kSend || op.type == OpType::kRecv || op.type == OpType::kBatchP2P) {
-    throw std::invalid_argument("point-to-point ops are the transport's, not the CPU algorithms'");
-  }
-  if (t_.size() == 1) return run_on_one_rank(op);
-  const auto deadline = Clock::now() + op.timeout;
-  const size_t bytes = op.count * element_size(op.dtype);
-  if (algorithm_for(op.type, bytes, t_.size(), t_.sends_in_place()) != Algorithm::kNone) {
-    collectives_.set_timeout(op.timeout);
-    return run_collective(collectives_, op);
-  }
-  run_vector(op, deadline);
 }
 
 void run_on_one_rank(const plugin::OpDesc& op) {
@@ -65,28 +53,24 @@ void run_on_one_rank(const plugin::OpDesc& op) {
   }
 }
 
-void run_collective(Collectives& collectives, const plugin::OpDesc& op) {
+void run_collective(Collectives& collectives, Algorithm a, const plugin::OpDesc& op) {
   const int size = collectives.size();
   const size_t es = element_size(op.dtype);
   const size_t bytes = op.count * es;
-  const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
-  const bool reduces = op.type == OpType::kAllReduce || op.type == OpType::kReduce ||
-                       op.type == OpType::kReduceScatter;
-  if (reduces && !fn) throw std::invalid_argument("no reduction for this dtype and kind");
   switch (op.type) {
     case OpType::kBarrier: return collectives.barrier();
-    case OpType::kBroadcast: return collectives.broadcast(op.input, op.output, bytes, op.root);
+    case OpType::kBroadcast: return collectives.broadcast(a, op.input, op.output, bytes, op.root);
     case OpType::kAllReduce:
-      collectives.all_reduce(op.input, op.output, op.count, es, fn);
+      collectives.all_reduce(a, op.input, op.output, op.count, es, reduction_of(op));
       return finish_reduction(op, op.output, op.count, size);
     case OpType::kReduce:
-      collectives.reduce(op.input, op.output, op.count, es, fn, op.root);
+      collectives.reduce(a, op.input, op.output, op.count, es, reduction_of(op), op.root);
       if (collectives.rank() == op.root) finish_reduction(op, op.output, op.count, size);
       return;
     case OpType::kReduceScatter:
-      collectives.reduce_scatter(op.input, op.output, op.count, es, fn);
+      collectives.reduce_scatter(a, op.input, op.output, op.count, es, reduction_of(op));
       return finish_reduction(op, op.output, op.count, size);
-    case OpType::kAllGather: return collectives.all_gather(op.input, op.output, bytes);
+    case OpType::kAllGather: return collectives.all_gather(a, op.input, op.output, bytes);
     case OpType::kAllToAll: return collectives.all_to_all(op.input, op.output, bytes);
     case OpType::kGather: return collectives.gather(op.input, op.output, bytes, op.root);
     case OpType::kScatter: return collectives.scatter(op.input, op.output, bytes, op.root);
@@ -94,8 +78,9 @@ void run_collective(Collectives& collectives, const plugin::OpDesc& op) {
   }
 }
 
-void OpRunner::run_vector(const plugin::OpDesc& op, Clock::time_point deadline) {
-  const size_t size = static_cast<size_t>(t_.size());
+void run_pairwise(VectorCollectives& pairwise, const plugin::OpDesc& op) {
+  const auto deadline = Clock::now() + op.timeout;
+  const size_t size = static_cast<size_t>(pairwise.size());
   const size_t es = element_size(op.dtype);
   const size_t bytes = op.count * es;
   auto to_bytes = [es](std::span<const size_t> counts) {
@@ -108,29 +93,27 @@ void OpRunner::run_vector(const plugin::OpDesc& op, Clock::time_point deadline) 
     case OpType::kReduce:
     case OpType::kReduceScatter:
     case OpType::kAllGather:
-      return;  // count 0: algorithms.h gives every other size to Collectives
+      return;  // count 0: the plans give every other size to Collectives
     case OpType::kBroadcast:
       if (!bytes) return;
-      if (t_.rank() == op.root && op.output != op.input) std::memmove(op.output, op.input, bytes);
-      return vector_.broadcast(op.output, bytes, op.root, deadline);
-    case OpType::kAllGatherList: return vector_.all_gather_list(op.input, op.output_list, bytes, deadline);
-    case OpType::kAllGatherV: return vector_.all_gather_v(op.input, op.output, to_bytes(op.counts), deadline);
+      if (pairwise.rank() == op.root && op.output != op.input) std::memmove(op.output, op.input, bytes);
+      return pairwise.broadcast(op.output, bytes, op.root, deadline);
+    case OpType::kAllGatherList: return pairwise.all_gather_list(op.input, op.output_list, bytes, deadline);
+    case OpType::kAllGatherV: return pairwise.all_gather_v(op.input, op.output, to_bytes(op.counts), deadline);
     case OpType::kReduceScatterV: {
-      const ReduceFn fn = reduce_fn(op.dtype, op.reduce.kind);
-      if (!fn) throw std::invalid_argument("no reduction for this dtype and kind");
-      vector_.reduce_scatter_v(op.input, op.output, op.counts, es, fn, deadline);
-      const size_t mine = op.counts[static_cast<size_t>(t_.rank())];
-      if (mine) finish_reduction(op, op.output, mine, t_.size());
+      pairwise.reduce_scatter_v(op.input, op.output, op.counts, es, reduction_of(op), deadline);
+      const size_t mine = op.counts[static_cast<size_t>(pairwise.rank())];
+      if (mine) finish_reduction(op, op.output, mine, static_cast<int>(size));
       return;
     }
     case OpType::kAllToAll: {
       const std::vector<size_t> blocks(size, bytes);
-      return vector_.all_to_all_v(op.input, op.output, blocks, blocks, deadline);
+      return pairwise.all_to_all_v(op.input, op.output, blocks, blocks, deadline);
     }
     case OpType::kAllToAllV:
-      return vector_.all_to_all_v(op.input, op.output, to_bytes(op.counts), to_bytes(op.output_counts), deadline);
-    case OpType::kGather: return bytes ? vector_.gather(op.input, op.output, bytes, op.root, deadline) : void();
-    case OpType::kScatter: return bytes ? vector_.scatter(op.input, op.output, bytes, op.root, deadline) : void();
+      return pairwise.all_to_all_v(op.input, op.output, to_bytes(op.counts), to_bytes(op.output_counts), deadline);
+    case OpType::kGather: return bytes ? pairwise.gather(op.input, op.output, bytes, op.root, deadline) : void();
+    case OpType::kScatter: return bytes ? pairwise.scatter(op.input, op.output, bytes, op.root, deadline) : void();
     default: throw std::logic_error("no CPU algorithm for this op");
   }
 }

@@ -1,0 +1,78 @@
+// The UCX backend's plan: the one place that picks the path every op takes
+// (the backend runs what it says), and its names for describe()'s "paths".
+//
+//   send, receive and batches: UCP tag send/recv;
+//   a one-rank comm: local copies;
+//   barrier, and all_reduce, all_gather, reduce_scatter and broadcast whose
+//     data per rank fits the shared-memory path's limit and which the CPU
+//     algorithms would run as a direct exchange (or broadcast from the
+//     root), when every rank is on this host: the shared-memory collectives
+//     (shm_collectives.h), which need no messages;
+//   other ops the CPU algorithms take (algorithms.h, on a transport that
+//     sends in place): Collectives, with direct copies where the size rules
+//     say so;
+//   the rest (v-variants, lists, large all_to_all, gather, scatter): the
+//     pairwise exchange (vector_collectives.h).
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "algorithms.h"
+#include "comms/plugin.h"
+#include "plan.h"
+
+namespace comms::ucx_backend {
+
+using cpu_algorithms::Algorithm;
+using cpu_algorithms::Path;
+using cpu_algorithms::Plan;
+
+// The most bytes a rank puts in its shared-memory slot per op
+// (reduce_scatter: its whole input). It bounds the segment
+// (ShmCollectives::kDepth slots per rank); it was not tuned by measurement
+// (docs/DESIGN.md, "UCX: small collectives through shared memory").
+inline constexpr size_t kShmMaxBytes = 16 * 1024;
+
+// What a UCX comm's plan reads besides the op, fixed when it connects.
+struct UcxShape {
+  int size = 1;
+  // The shared-memory path's limit per rank (kShmMaxBytes), or 0 where the
+  // comm has none.
+  size_t shm_max_bytes = 0;
+  // This rank copies directly with every peer (UcxTransport::copies_direct).
+  // Names only: where it does not, kDirectCopies runs its fallback.
+  bool copies_direct = false;
+};
+
+// The path of an op of `bytes` per rank (cpu_algorithms::bytes_of).
+constexpr Plan plan(plugin::OpType type, size_t bytes, const UcxShape& comm) {
+  using plugin::OpType;
+  if (type == OpType::kSend || type == OpType::kRecv || type == OpType::kBatchP2P) return {Path::kPointToPoint};
+  if (comm.size == 1) return {Path::kOneRank};
+  const Algorithm a = cpu_algorithms::algorithm_for(type, bytes, comm.size, /*in_place=*/true);
+  if (comm.shm_max_bytes != 0) {
+    const size_t n = static_cast<size_t>(comm.size);
+    const bool shm = type == OpType::kBarrier ||
+                     (type == OpType::kBroadcast && a != Algorithm::kNone && bytes <= comm.shm_max_bytes) ||
+                     ((type == OpType::kAllReduce || type == OpType::kAllGather) && a == Algorithm::kExchange &&
+                      bytes <= comm.shm_max_bytes) ||
+                     (type == OpType::kReduceScatter && a == Algorithm::kExchange && bytes * n <= comm.shm_max_bytes);
+    if (shm) return {Path::kShm};
+  }
+  return a != Algorithm::kNone ? Plan{Path::kCollectives, a} : Plan{Path::kPairwise};
+}
+
+constexpr std::string_view path_name(plugin::OpType type, Plan p, const UcxShape& comm) {
+  switch (p.path) {
+    case Path::kPointToPoint: return "ucp tag send/recv";
+    case Path::kOneRank: return "one-rank copy";
+    case Path::kShm: return "shm";
+    case Path::kCollectives:
+      return cpu_algorithms::algorithm_name(
+          type, comm.copies_direct ? p.algorithm : cpu_algorithms::fallback_of(type, p.algorithm));
+    default: return "pairwise exchange";
+  }
+}
+
+}  // namespace comms::ucx_backend
