@@ -1,7 +1,6 @@
 // Which of the CPU algorithms runs an op, by its size: the size rules that
 // each backend's plan function reads (backends/gloo/op_rules.h,
-// backends/ucx/ucx_plan.h), and comms-bench's raw-Gloo baseline through
-// Gloo's (so the baseline times the same algorithm).
+// backends/ucx/ucx_plan.h).
 //
 //   all_reduce, reduce, all_gather, reduce_scatter, all_to_all, gather and
 //     scatter up to kExchangeMaxBytes summed over ranks (size x count x

@@ -1,7 +1,6 @@
 // Each op's rules in the Gloo layer, in one place: plan() picks the path
 // every op takes (the backend runs what it says), and path_name() names it
-// for describe()'s "paths" and comms-bench's output; comms-bench's raw-Gloo
-// baseline runs the same plan.
+// for describe()'s "paths" (which comms-bench prints).
 //
 // A one-rank comm copies. Small collectives, every all_reduce, and barrier
 // run the CPU algorithms (backends/cpu_algorithms/algorithms.h says which,
