@@ -76,7 +76,7 @@ void RawGloo::run(OpType type, const void* input, void* output, size_t count, Da
   auto* in = static_cast<uint8_t*>(const_cast<void*>(input));
   // Broadcast works in place on its one buffer, as Comm::broadcast does.
   auto* out = type == OpType::kBroadcast ? in : static_cast<uint8_t*>(output);
-  if (im.size == 1) {  // as the backend's one-rank comm (GlooBackend::run_op)
+  if (im.size == 1) {  // as the backend's one-rank comm (its plan: the one-rank copy)
     plugin::OpDesc d;
     d.type = type;
     d.input = in;
