@@ -66,8 +66,8 @@ constexpr std::string_view path_name(plugin::OpType type, Plan p) {
 //     when the ranks on this host do not outnumber its cores; else block;
 //   "1": spin until the message arrives (Gloo's busy-poll mode);
 //   "0": block at once.
-// The bounded spin takes a 4 KiB all_reduce at 2 ranks from ~55 us to
-// ~17 us without handing a core to a peer that is late.
+// A prompt peer then costs no wake-up, and a late one gets the core back
+// after kAutoSpin (docs/DESIGN.md, "A bounded spin before sleeping").
 inline constexpr std::string_view kDefaultBusyPoll = "auto";
 inline constexpr std::chrono::microseconds kAutoSpin{100};
 
