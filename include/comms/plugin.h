@@ -89,8 +89,10 @@
 // 2.3: Backend::shrink (elastic recovery; see the block marked ABI 2.3 below).
 // 2.4: Backend::revoke (elastic recovery; see the block marked ABI 2.4 below).
 // 2.5: PluginDescriptor::env_variables.
+// 2.6: one-sided windows (Backend::register_window, deregister_window,
+//      submit_window) and offload by suspend (Backend::suspend, resume).
 #define COMMS_PLUGIN_ABI_MAJOR 2u
-#define COMMS_PLUGIN_ABI_MINOR 5u
+#define COMMS_PLUGIN_ABI_MINOR 6u
 #define COMMS_PLUGIN_ABI_VERSION ((COMMS_PLUGIN_ABI_MAJOR << 16) | COMMS_PLUGIN_ABI_MINOR)
 #define COMMS_PLUGIN_ENTRY_SYMBOL "comms_plugin_entry"
 // Put on comms_plugin_entry: plugins are built with hidden visibility.
@@ -163,6 +165,46 @@ class Work {
   // Returns the op's status; repeated calls return the same status.
   virtual Status wait(WaitMode mode) = 0;
 };
+
+// ---- ABI 2.6: one-sided windows ----
+// A window is memory every rank of a comm registered together
+// (Backend::register_window); ranks then write into each other's windows
+// without the target taking part, and count each other's signals.
+enum class WindowOpType : uint8_t {
+  // Copies `bytes` from `input` into `peer`'s window at byte `offset`. With
+  // `signal`, the peer's signal count from this rank goes up by one once
+  // the data is visible there. Puts from one rank to one peer land in issue
+  // order. The op is complete when `input` may be reused.
+  kPut,
+  // Adds one to `peer`'s signal count from this rank, after every put this
+  // rank issued to `peer` before it is visible there.
+  kSignal,
+  // Waits until, for every rank r, `signal_counts[r]` more signals from r
+  // arrived than earlier waits consumed, and consumes them.
+  kWaitSignal,
+  // Returns once every put this rank issued on the window is visible at its
+  // target.
+  kFlush,
+};
+
+// One window op, validated by libcomms (offset and bytes inside the peer's
+// window, peer in range, counts of comm size). Valid only during
+// Backend::submit_window, like OpDesc.
+struct WindowOpDesc {
+  WindowOpType type = WindowOpType::kFlush;
+  uint64_t seq = 0;          // numbered with the comm's other ops
+  void* window = nullptr;    // the handle register_window returned
+  const void* input = nullptr;
+  size_t bytes = 0;
+  int peer = -1;
+  size_t offset = 0;         // bytes into the peer's window
+  bool signal = false;
+  std::span<const uint64_t> signal_counts;  // kWaitSignal: one per rank
+  bool async = false;
+  std::chrono::milliseconds timeout{0};
+  void* stream = nullptr;    // caller's cudaStream_t, or null
+};
+// ---- end of ABI 2.6 ----
 
 struct BackendInit {
   std::string comm_name;   // the comm's name, for messages
@@ -286,6 +328,34 @@ class Backend {
   // abort(). Called only on plugins of ABI >= 2.4 (older ones get abort()).
   virtual void revoke(const std::string& reason) { abort(reason); }
   // ---- end of ABI 2.4 ---------------------------------------------------------
+
+  // ---- ABI 2.6: one-sided windows --------------------------------------------
+  // Called only on plugins of minor >= 6 whose descriptor claims
+  // kFeatureWindows. register_window is collective over the comm: every rank
+  // passes its own [data, data + bytes) (sizes may differ; libcomms has
+  // exchanged them and checks offsets against them) and gets a handle.
+  // deregister_window is collective too. The backend releases windows still
+  // registered at finalize(), abort() and in its destructor.
+  virtual Status register_window(void* /*data*/, size_t /*bytes*/, void** /*window*/) {
+    return {ErrorCode::kUnsupported, "this backend has no windows"};
+  }
+  virtual Status deregister_window(void* /*window*/) {
+    return {ErrorCode::kUnsupported, "this backend has no windows"};
+  }
+  // Runs or enqueues a window op, with the same rules as submit() (order,
+  // *work for async ops, timeouts, a dead peer -> kPeerFailure).
+  virtual Status submit_window(const WindowOpDesc& /*op*/, std::unique_ptr<Work>* /*work*/) {
+    return {ErrorCode::kUnsupported, "this backend has no windows"};
+  }
+
+  // Offload that keeps the communicator (NCCL >= 2.29: ncclCommSuspend):
+  // releases the backend's device memory; resume() restores it without a
+  // rendezvous. Collective, like finalize and re-creation. kUnsupported (the
+  // default) makes libcomms offload by finalize() and reload by re-creating
+  // the backend. Called only on plugins of minor >= 6.
+  virtual Status suspend() { return {ErrorCode::kUnsupported, "no suspend"}; }
+  virtual Status resume() { return {ErrorCode::kUnsupported, "no suspend"}; }
+  // ---- end of ABI 2.6 ---------------------------------------------------------
 };
 
 constexpr uint32_t op_bit(OpType t) { return 1u << static_cast<unsigned>(t); }
@@ -364,6 +434,8 @@ struct PluginDescriptor {
 // ABI 2.2 PluginDescriptor::features bits.
 inline constexpr uint32_t kFeatureRegisterBuffers = 1u << 0;  // Backend::register_buffer works
 inline constexpr uint32_t kFeatureMemAlloc = 1u << 1;         // mem_alloc/mem_free are set
+// ABI 2.6: Backend::register_window and submit_window work.
+inline constexpr uint32_t kFeatureWindows = 1u << 2;
 
 // The smallest struct_size libcomms accepts: through the required entries.
 inline constexpr uint32_t kMinDescriptorSize =
