@@ -56,27 +56,23 @@ std::vector<PathRun> path_runs(const Name& name, int size, std::initializer_list
 
 // {"all_reduce": [{"max_bytes": 0, "path": "..."}, ...], ...} for every op
 // type; name(type, bytes) as above. max_bytes is null for the last run.
-template <class Name>
-std::string paths_json(const Name& name, int size, std::initializer_list<size_t> limits) {
-  std::string out = "{";
+// `Json` is the caller's nlohmann type: this library takes no JSON
+// dependency of its own.
+template <class Json, class Name>
+Json paths_json(const Name& name, int size, std::initializer_list<size_t> limits) {
+  Json out = Json::object();
   for (int t = 0; t < plugin::kNumOpTypes; ++t) {
     const auto type = static_cast<plugin::OpType>(t);
-    out += (t ? ", \"" : "\"") + std::string(plugin::op_name(type)) + "\": [";
-    bool first = true;
-    for (const PathRun& r : path_runs([&](size_t bytes) { return name(type, bytes); }, size, limits)) {
-      out += first ? "{\"max_bytes\": " : ", {\"max_bytes\": ";
-      out += r.max_bytes == kUnbounded ? std::string("null") : std::to_string(r.max_bytes);
-      out += ", \"path\": \"";
-      for (char ch : r.path) {
-        if (ch == '"' || ch == '\\') out += '\\';
-        out += ch;
-      }
-      out += "\"}";
-      first = false;
+    Json runs = Json::array();
+    for (PathRun& r : path_runs([&](size_t bytes) { return name(type, bytes); }, size, limits)) {
+      Json run = Json::object();
+      run["max_bytes"] = r.max_bytes == kUnbounded ? Json(nullptr) : Json(r.max_bytes);
+      run["path"] = std::move(r.path);
+      runs.push_back(std::move(run));
     }
-    out += "]";
+    out[std::string(plugin::op_name(type))] = std::move(runs);
   }
-  return out + "}";
+  return out;
 }
 
 }  // namespace comms::cpu_algorithms

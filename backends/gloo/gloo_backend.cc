@@ -267,9 +267,9 @@ std::string GlooBackend::describe() const {
   const bool up = sync_mesh_up_.load(std::memory_order_acquire);
   if (init_.size == 1 || up) {
     const GlooShape comm{init_.size, up && op_timeout() == sync_timeout_};
-    j["paths"] = nlohmann::ordered_json::parse(cpu_algorithms::paths_json(
+    j["paths"] = cpu_algorithms::paths_json<nlohmann::ordered_json>(
         [&](OpType type, size_t bytes) { return path_name(type, gloo_backend::plan(type, bytes, comm)); },
-        init_.size, {}));
+        init_.size, {});
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }

@@ -211,9 +211,9 @@ std::string UcxBackend::describe() const {
   j["yield_after_us"] = settings_.yield_after.count();
   j["op_timeout_ms"] = op_timeout().count();
   if (planned_.load(std::memory_order_acquire)) {  // once connected: shared memory and direct copies are known
-    j["paths"] = nlohmann::ordered_json::parse(cpu_algorithms::paths_json(
+    j["paths"] = cpu_algorithms::paths_json<nlohmann::ordered_json>(
         [&](OpType type, size_t bytes) { return path_name(type, plan(type, bytes, shape_), shape_); }, init_.size,
-        {shape_.shm_max_bytes}));
+        {shape_.shm_max_bytes});
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }

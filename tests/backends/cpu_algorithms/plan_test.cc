@@ -77,8 +77,7 @@ size_t first_mismatch(const Table& table, OpType type, const Name& name, const s
 }
 
 template <class Name>
-void expect_table_matches(const std::string& json, int size, const Name& name, const std::string& what) {
-  const auto paths = nlohmann::json::parse(json);
+void expect_table_matches(const nlohmann::json& paths, int size, const Name& name, const std::string& what) {
   ASSERT_EQ(paths.size(), static_cast<size_t>(plugin::kNumOpTypes)) << what;
   const std::vector<size_t> counts = byte_counts(size);
   for (int t = 0; t < plugin::kNumOpTypes; ++t) {
@@ -97,7 +96,7 @@ TEST(PathTable, TheGlooTableNamesThePlansPathAtEveryByteCount) {
       auto name = [&](OpType type, size_t bytes) {
         return gloo_backend::path_name(type, gloo_backend::plan(type, bytes, comm));
       };
-      expect_table_matches(paths_json(name, size, {}), size, name,
+      expect_table_matches(paths_json<nlohmann::json>(name, size, {}), size, name,
                            "gloo size " + std::to_string(size) + " sync mesh " + std::to_string(sync_mesh));
     }
   }
@@ -111,7 +110,7 @@ TEST(PathTable, TheUcxTableNamesThePlansPathAtEveryByteCount) {
         auto name = [&](OpType type, size_t bytes) {
           return ucx_backend::path_name(type, ucx_backend::plan(type, bytes, comm), comm);
         };
-        expect_table_matches(paths_json(name, size, {shm}), size, name,
+        expect_table_matches(paths_json<nlohmann::json>(name, size, {shm}), size, name,
                              "ucx size " + std::to_string(size) + " shm " + std::to_string(shm) + " direct " +
                                  std::to_string(direct));
       }
@@ -127,7 +126,7 @@ TEST(PathTable, ATableOffByOneByteAtAnyLimitDisagreesWithThePlan) {
     auto name = [&](OpType type, size_t bytes) {
       return ucx_backend::path_name(type, ucx_backend::plan(type, bytes, comm), comm);
     };
-    const auto paths = nlohmann::json::parse(paths_json(name, size, {comm.shm_max_bytes}));
+    const auto paths = paths_json<nlohmann::json>(name, size, {comm.shm_max_bytes});
     const std::vector<size_t> counts = byte_counts(size);
     for (OpType type : {OpType::kAllReduce, OpType::kBroadcast, OpType::kReduceScatter, OpType::kAllToAll}) {
       const Table table = runs_of(paths, type);
@@ -146,22 +145,22 @@ TEST(PathTable, ATableOffByOneByteAtAnyLimitDisagreesWithThePlan) {
 
 // The paths the backends took before there were plans, at 2 ranks.
 TEST(PathTable, TwoRankPlansKeepTheBackendsPaths) {
-  const auto gloo = nlohmann::json::parse(paths_json(
+  const auto gloo = paths_json<nlohmann::json>(
       [](OpType type, size_t bytes) {
         return gloo_backend::path_name(type, gloo_backend::plan(type, bytes, {2, true}));
       },
-      2, {}));
+      2, {});
   EXPECT_EQ(gloo.at("all_reduce").dump(),
             R"([{"max_bytes":0,"path":"options-style collective"},{"max_bytes":32768,"path":"sync exchange + local reduce"},{"max_bytes":null,"path":"sync pipelined ring"}])");
   EXPECT_EQ(gloo.at("broadcast").dump(),
             R"([{"max_bytes":0,"path":"options-style collective"},{"max_bytes":262144,"path":"sync broadcast from root"},{"max_bytes":null,"path":"options-style collective"}])");
   EXPECT_EQ(gloo.at("reduce_scatter_v").dump(), R"([{"max_bytes":null,"path":"alltoall(v) + local reduce"}])");
   const ucx_backend::UcxShape comm{2, ucx_backend::kShmMaxBytes, true};
-  const auto ucx = nlohmann::json::parse(paths_json(
+  const auto ucx = paths_json<nlohmann::json>(
       [&](OpType type, size_t bytes) {
         return ucx_backend::path_name(type, ucx_backend::plan(type, bytes, comm), comm);
       },
-      2, {comm.shm_max_bytes}));
+      2, {comm.shm_max_bytes});
   EXPECT_EQ(ucx.at("all_reduce").dump(),
             R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":16384,"path":"shm"},{"max_bytes":32768,"path":"sync exchange + local reduce"},{"max_bytes":65535,"path":"sync pipelined ring"},{"max_bytes":null,"path":"direct copies: each rank reduces its segment"}])");
   EXPECT_EQ(ucx.at("broadcast").dump(),
