@@ -301,6 +301,79 @@ TEST(Commsrun, KeepGoingExitsZeroNamingTheLostRanksWhenTheSurvivorsFinished) {
   EXPECT_EQ(stopped.exit_code, 137) << describe(stopped);
 }
 
+// The script of a job under --replace: a replacement says what it got and
+// exits 0; the original ranks in `lost` kill themselves, the others finish.
+std::string replace_script(const std::string& lost) {
+  return "if [ -n \"$COMMS_REPLACEMENT\" ]; then echo \"joining as +$COMMS_REPLACEMENT rank=${RANK:-none} "
+         "local=$LOCAL_RANK world=$WORLD_SIZE elastic=$COMMS_ELASTIC\"; exit 0; fi; "
+         "case $RANK in " + lost + ") kill -9 $$;; *) sleep 1; echo finished;; esac";
+}
+
+TEST(Commsrun, ReplaceStartsAProcessInThePlaceOfARankLostToASignal) {
+  auto r = run_commsrun({"-n", "3", "--keep-going", "--replace", "--", "sh", "-c", replace_script("1")});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  // No RANK (it has none until admitted), the lost rank's slot, the job's size.
+  EXPECT_TRUE(contains(r.out, "[+1] joining as +1 rank=none local=1 world=3 elastic=1\n")) << describe(r);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(--replace: started replacement \+1 \(pid \d+\) in place of rank 1\n)")))
+      << describe(r);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(--replace: 1 replacement: \+1 \(pid \d+, in place of rank 1\)\n)")))
+      << describe(r);
+  EXPECT_TRUE(contains(r.out, "[0] finished")) << describe(r);
+  EXPECT_TRUE(contains(r.out, "[2] finished")) << describe(r);
+  EXPECT_FALSE(contains(r.out, "[1] finished")) << describe(r);
+}
+
+TEST(Commsrun, ReplaceNamesEveryReplacementAndStopsAtMaxReplacements) {
+  auto r = run_commsrun({"-n", "4", "--keep-going", "--replace", "--", "sh", "-c", replace_script("1|3")});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.err, "--keep-going: the survivors finished; lost ranks [1,3]\n")) << describe(r);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(--replace: 2 replacements: \+1 \(pid \d+, in place of rank [13]\), \+2 \(pid \d+, in place of rank [13]\))")))
+      << describe(r);
+  EXPECT_TRUE(contains(r.err, "in place of rank 1")) << describe(r);
+  EXPECT_TRUE(contains(r.err, "in place of rank 3")) << describe(r);
+  EXPECT_TRUE(contains(r.out, "[+1] joining as +1 rank=none")) << describe(r);
+  EXPECT_TRUE(contains(r.out, "[+2] joining as +2 rank=none")) << describe(r);
+
+  auto bounded = run_commsrun(
+      {"-n", "4", "--keep-going", "--replace", "--max-replacements", "1", "--", "sh", "-c", replace_script("1|3")});
+  EXPECT_EQ(bounded.exit_code, 0) << describe(bounded);
+  EXPECT_TRUE(contains(bounded.out, "[+1] joining as +1")) << describe(bounded);
+  EXPECT_FALSE(contains(bounded.out, "[+2]")) << describe(bounded);
+  EXPECT_TRUE(std::regex_search(bounded.err, std::regex(R"(--replace: no replacement for rank [13]: --max-replacements 1 reached\n)")))
+      << describe(bounded);
+  EXPECT_TRUE(contains(bounded.err, "--replace: 1 replacement: +1")) << describe(bounded);
+}
+
+TEST(Commsrun, AReplacementLostToASignalIsReplacedAndOneThatFailsFailsTheJob) {
+  // +1 kills itself too; +2 joins.
+  auto r = run_commsrun({"-n", "2", "--keep-going", "--replace", "--", "sh", "-c",
+                         "case \"${COMMS_REPLACEMENT:-r$RANK}\" in r1|1) kill -9 $$;; 2) echo joined;; *) sleep 1; echo finished;; esac"});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(replacement \+1 \(pid \d+\) was killed by signal 9 \(SIGKILL\))")))
+      << describe(r);
+  EXPECT_TRUE(contains(r.err, "lost ranks [1] and replacements [+1]")) << describe(r);
+  EXPECT_TRUE(contains(r.err, "in place of rank 1), +2 (pid")) << describe(r);
+  EXPECT_TRUE(contains(r.out, "[+2] joined")) << describe(r);
+
+  // A replacement that exits with an error is a failure, not a loss.
+  auto failed = run_commsrun({"-n", "2", "--keep-going", "--replace", "--", "sh", "-c",
+                              "if [ -n \"$COMMS_REPLACEMENT\" ]; then exit 5; fi; "
+                              "if [ $RANK = 1 ]; then kill -9 $$; fi; sleep 1"});
+  EXPECT_NE(failed.exit_code, 0) << describe(failed);
+  EXPECT_TRUE(std::regex_search(failed.err, std::regex(R"(replacement \+1 \(pid \d+\) exited with status 5)")))
+      << describe(failed);
+  EXPECT_FALSE(contains(failed.err, "the survivors finished")) << describe(failed);
+}
+
+TEST(Commsrun, ReplaceNeedsKeepGoingAndMaxReplacementsNeedsReplace) {
+  auto r = run_commsrun({"-n", "2", "--replace", "--", "true"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "--replace needs --keep-going")) << describe(r);
+  auto m = run_commsrun({"-n", "2", "--keep-going", "--max-replacements", "2", "--", "true"});
+  EXPECT_EQ(m.exit_code, 2) << describe(m);
+  EXPECT_TRUE(contains(m.err, "--max-replacements needs --replace")) << describe(m);
+}
+
 TEST(Commsrun, ARankKilledBySignalGives128PlusTheSignal) {
   auto r = run_commsrun({"-n", "3", "--", "sh", "-c", "if [ $RANK = 2 ]; then kill -9 $$; fi; exec sleep 60"});
   EXPECT_EQ(r.exit_code, 137) << describe(r);

@@ -21,9 +21,9 @@ int Launcher::run(uint16_t store_port) {
   if (!setup_signals()) return 1;
   const auto master_port = choose_master_port(store_port);
   if (!master_port) return exit_code_.value_or(1);
-  const RankAddresses addresses{store_port, *master_port};
+  addresses_ = {store_port, *master_port};
   for (int local = 0; local < options_.nproc; ++local) {
-    if (!start_rank(local, addresses)) {
+    if (!start_rank(local, addresses_)) {
       begin_stop(SIGTERM);
       exit_code_ = 1;
       break;
@@ -43,13 +43,47 @@ int Launcher::keep_going_status(int code) {
   if (!options_.keep_going || failed_.empty() || stopping_ || received_signal_ != 0) return code;
   if (failed_.size() == ranks_.size()) return code;
   std::vector<int> lost;
-  for (const auto& [rank, status] : failed_) {
-    if (!WIFSIGNALED(status)) return code;  // a rank failed by itself: the job did not recover
-    lost.push_back(rank);
+  std::vector<std::string> lost_replacements;
+  for (const Failure& f : failed_) {
+    if (!WIFSIGNALED(f.status)) return code;  // a rank failed by itself: the job did not recover
+    if (f.replacement > 0) {
+      lost_replacements.push_back(str::cat("+", f.replacement));
+    } else {
+      lost.push_back(f.rank);
+    }
   }
   std::sort(lost.begin(), lost.end());
-  say(str::cat("--keep-going: the survivors finished; lost ranks [", str::join(lost, ","), "]"));
+  std::string text = str::cat("--keep-going: the survivors finished; lost ranks [", str::join(lost, ","), "]");
+  if (!lost_replacements.empty()) text += str::cat(" and replacements [", str::join(lost_replacements, ","), "]");
+  say(text);
+  if (replacements_ > 0) {
+    std::vector<std::string> started;
+    for (const RankProcess& p : ranks_) {
+      if (p.replacement > 0) started.push_back(str::cat("+", p.replacement, " (pid ", p.pid, ", in place of rank ", p.rank, ")"));
+    }
+    say(str::cat("--replace: ", replacements_, replacements_ == 1 ? " replacement: " : " replacements: ",
+                 str::join(started, ", ")));
+  }
   return 0;
+}
+
+void Launcher::replace_lost(const std::vector<std::pair<int, std::string>>& lost) {
+  for (const auto& [local_rank, name] : lost) {
+    if (replacements_ >= options_.max_replacements) {
+      say(str::cat("--replace: no replacement for ", name, ": --max-replacements ", options_.max_replacements,
+                   " reached"));
+      continue;
+    }
+    RankProcess process;
+    if (!spawn_rank(options_, program_path_, local_rank, addresses_, &process, replacements_ + 1)) {
+      say(str::cat("--replace: could not start a replacement for ", name));
+      continue;
+    }
+    ++replacements_;
+    say(str::cat("--replace: started replacement +", replacements_, " (pid ", process.pid, ") in place of ", name));
+    ranks_.push_back(std::move(process));
+    all_exited_at_.reset();
+  }
 }
 
 bool Launcher::setup_signals() {
@@ -114,7 +148,7 @@ void Launcher::reap() {
     rank.running = false;
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
       failures.push_back({&rank, status});
-      failed_.emplace_back(rank.rank, status);
+      failed_.push_back({rank.rank, rank.replacement, status});
     }
   }
   if (failures.empty()) {
@@ -124,10 +158,10 @@ void Launcher::reap() {
   auto describe = [](const Exit& e) {
     if (WIFSIGNALED(e.status)) {
       const int sig = WTERMSIG(e.status);
-      return str::cat("rank ", e.rank->rank, " (pid ", e.rank->pid, ") was killed by signal ", sig, " (",
+      return str::cat(process_name(*e.rank), " (pid ", e.rank->pid, ") was killed by signal ", sig, " (",
                       signal_name(sig), ")");
     }
-    return str::cat("rank ", e.rank->rank, " (pid ", e.rank->pid, ") exited with status ", WEXITSTATUS(e.status));
+    return str::cat(process_name(*e.rank), " (pid ", e.rank->pid, ") exited with status ", WEXITSTATUS(e.status));
   };
   // Under --keep-going, a set exit code without a stop means a rank failed.
   const bool after_first_failure = options_.keep_going && exit_code_.has_value();
@@ -154,6 +188,14 @@ void Launcher::reap() {
       }
       begin_stop(SIGTERM);
     }
+  }
+  if (options_.replace && !stopping_ && received_signal_ == 0) {
+    // Copied out first: starting a process grows ranks_, which `failures` points into.
+    std::vector<std::pair<int, std::string>> lost;
+    for (const auto& e : failures) {
+      if (WIFSIGNALED(e.status)) lost.emplace_back(e.rank->local_rank, process_name(*e.rank));
+    }
+    replace_lost(lost);
   }
   if (running_count() == 0 && !all_exited_at_) all_exited_at_ = Clock::now();
 }

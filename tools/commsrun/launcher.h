@@ -51,6 +51,9 @@ class Launcher {
   // --keep-going: 0 when the survivors finished (every other rank exited 0,
   // and every failed rank was lost to a signal), else `code`.
   int keep_going_status(int code);
+  // --replace: starts a replacement in the place of each process lost to a
+  // signal, while --max-replacements allows.
+  void replace_lost(const std::vector<std::pair<int, std::string>>& lost);
 
   LaunchOptions options_;
   std::string program_path_;
@@ -59,7 +62,14 @@ class Launcher {
   bool stopping_ = false;
   int received_signal_ = 0;
   std::optional<int> exit_code_;
-  std::vector<std::pair<int, int>> failed_;  // (rank, wait status) of each rank that failed
+  RankAddresses addresses_;
+  struct Failure {
+    int rank;         // RankProcess::rank
+    int replacement;  // RankProcess::replacement
+    int status;       // from waitpid
+  };
+  std::vector<Failure> failed_;
+  int replacements_ = 0;  // started so far
   std::optional<Clock::time_point> run_deadline_;
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> all_exited_at_;

@@ -44,6 +44,10 @@ std::optional<int> check(const LaunchOptions& options) {
     return usage_error("--nnodes > 1 needs an explicit, non-zero --master-port that every node shares");
   }
   if (options.master_addr.empty()) return usage_error("--master-addr is empty");
+  if (options.replace && !options.keep_going) {
+    return usage_error("--replace needs --keep-going: the other ranks must outlive the lost one");
+  }
+  if (options.max_replacements >= 0 && !options.replace) return usage_error("--max-replacements needs --replace");
   if (!std::isfinite(options.timeout_s) || !std::isfinite(options.grace_s) ||
       !std::isfinite(options.exit_barrier_s)) {
     return usage_error("--timeout, --grace and --exit-barrier-timeout must be finite numbers of seconds");
@@ -90,6 +94,14 @@ void add_options(CLI::App& app, LaunchOptions& options, std::string& nproc_text,
                "survivor detect the failure, or an elastic job recover; like srun --kill-on-bad-exit=0). "
                "Exits 0, naming the lost ranks, when the survivors finished and the failed ranks were lost "
                "to signals; --timeout still applies. Sets COMMS_ELASTIC=1 for the ranks unless it is set");
+  app.add_flag("--replace", options.replace,
+               "With --keep-going: when a rank is lost to a signal, start a replacement process on this "
+               "node with the same command, to join the elastic job (comms::join). It gets the rank's "
+               "environment without RANK, plus COMMS_REPLACEMENT (1, 2, ... on this node) and "
+               "COMMS_REPLACES_RANK; its output is prefixed [+1], [+2], ...");
+  app.add_option("--max-replacements", options.max_replacements,
+                 "At most this many replacements on this node (default: one per rank, -n)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--exit-barrier-timeout", options.exit_barrier_s,
                  "With several nodes: how long node 0 keeps the store up for the other nodes after its "
                  "own ranks succeeded")
@@ -160,6 +172,7 @@ std::optional<int> parse_command_line(int argc, char** argv, LaunchOptions* out)
                                 has_separator ? "--" : "the program"));
   }
   if (auto code = parse_nproc(nproc_text, &options.nproc)) return code;
+  if (options.replace && options.max_replacements < 0) options.max_replacements = options.nproc;
   options.master_port_given = app.count("--master-port") > 0;
   if (standalone) {
     if (options.nnodes != 1) return usage_error("--standalone is a single-node job; drop --nnodes");

@@ -21,6 +21,8 @@ struct LaunchOptions {
   double exit_barrier_s = 300;
   bool store_only = false;  // --store-only: host the store, start no rank
   bool keep_going = false;  // --keep-going: a failed rank does not stop the others
+  bool replace = false;     // --replace: a rank lost to a signal gets a replacement process
+  int max_replacements = -1;  // --max-replacements; -1: one per rank of this node
   std::vector<std::string> command;
   std::string store_token;      // "" : the store is open
   bool token_generated = false;  // made here: the ranks get it from us

@@ -33,7 +33,7 @@ std::string store_url(const std::string& host, uint16_t port) {
 // store goes by COMMS_STORE, which comms reads first, so that a torch
 // program's own TCPStore never talks to it.
 std::vector<std::string> rank_environment(const LaunchOptions& options, int local_rank,
-                                          const RankAddresses& addresses) {
+                                          const RankAddresses& addresses, int replacement) {
   std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(options.node_rank * options.nproc + local_rank)},
       {"WORLD_SIZE", std::to_string(options.nnodes * options.nproc)},
@@ -47,14 +47,19 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, int loca
   // A job meant to outlive a rank needs elastic comms (their heartbeats and
   // revocation watch); an explicit COMMS_ELASTIC from the caller wins.
   if (options.keep_going && !comms::env::get("COMMS_ELASTIC")) ours.emplace_back("COMMS_ELASTIC", "1");
+  if (replacement > 0) ours.emplace_back("COMMS_REPLACEMENT", std::to_string(replacement));
   std::vector<std::string> env;
   for (char** entry = environ; *entry; ++entry) {
     std::string_view text(*entry);
     std::string_view name = text.substr(0, text.find('='));
     bool replaced = std::any_of(ours.begin(), ours.end(), [&](const auto& kv) { return kv.first == name; });
-    if (!replaced) env.emplace_back(text);
+    // An inherited COMMS_REPLACEMENT would make an original rank join.
+    if (!replaced && name != "COMMS_REPLACEMENT") env.emplace_back(text);
   }
-  for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
+  for (const auto& [name, value] : ours) {
+    if (replacement > 0 && name == "RANK") continue;
+    env.push_back(name + "=" + value);
+  }
   return env;
 }
 
@@ -88,11 +93,16 @@ std::optional<std::string> find_program(const std::string& name) {
   return std::nullopt;
 }
 
+std::string process_name(const RankProcess& process) {
+  return process.replacement > 0 ? str::cat("replacement +", process.replacement) : str::cat("rank ", process.rank);
+}
+
 bool spawn_rank(const LaunchOptions& options, const std::string& program_path, int local_rank,
-                const RankAddresses& addresses, RankProcess* out) {
+                const RankAddresses& addresses, RankProcess* out, int replacement) {
   RankProcess rank;
   rank.local_rank = local_rank;
   rank.rank = options.node_rank * options.nproc + local_rank;
+  rank.replacement = replacement;
   int out_pipe[2], err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
     say(str::cat("pipe failed: ", std::strerror(errno)));
@@ -106,7 +116,7 @@ bool spawn_rank(const LaunchOptions& options, const std::string& program_path, i
   }
   // Everything the child needs is built before fork: the store server's
   // thread may hold the allocator's lock at the moment we fork.
-  std::vector<std::string> env = rank_environment(options, local_rank, addresses);
+  std::vector<std::string> env = rank_environment(options, local_rank, addresses, replacement);
   std::vector<char*> envp = c_strings(env);
   std::vector<std::string> args = options.command;
   std::vector<char*> argv = c_strings(args);
@@ -149,7 +159,7 @@ bool spawn_rank(const LaunchOptions& options, const std::string& program_path, i
   }
   rank.pid = pid;
   rank.running = true;
-  std::string prefix = str::cat("[", rank.rank, "] ");
+  std::string prefix = replacement > 0 ? str::cat("[+", replacement, "] ") : str::cat("[", rank.rank, "] ");
   rank.out = std::make_unique<LineRelay>(out_pipe[0], STDOUT_FILENO, prefix);
   rank.err = std::make_unique<LineRelay>(err_pipe[0], STDERR_FILENO, prefix);
   *out = std::move(rank);
