@@ -22,7 +22,7 @@ Status Core::init_locked() {
   }
   ncclUniqueId id;
   if (Status s = exchange_unique_id(&id); !s.is_ok()) return s;
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  NcclConfig config = initial_config(api_->loaded_version());
   effective_ = effective_fields();
   apply_to_config(effective_, &config);
   ncclComm_t comm = nullptr;
@@ -87,7 +87,7 @@ Status Core::split_locked(int color, int key, const NcclConfigFields& child_fiel
     return {ErrorCode::kAborted, "the NCCL communicator failed earlier: " + failure_.message};
   }
   const NcclConfigFields fields = plugin_config_fields(child_fields, child_name);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  NcclConfig config = initial_config(api_->loaded_version());
   apply_to_config(fields, &config);
   DeviceGuard guard(*api_, device_);
   const auto deadline = Clock::now() + timeout;

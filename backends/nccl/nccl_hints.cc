@@ -13,6 +13,10 @@ namespace comms::nccl {
 namespace {
 
 constexpr int kCtaPolicyZeroVersion = 22800;
+// Upper bounds of our own (NCCL only requires >= 0 / > 0): a value past
+// them is a typo, not a configuration.
+constexpr int kMaxRmaCtx = 64;
+constexpr int kMaxP2pPeers = 1 << 20;
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -81,7 +85,7 @@ Status parse_cta_policy(std::string_view key, std::string_view value, int versio
   if (policy == 2 && version < kCtaPolicyZeroVersion) {
     return invalid(key, value,
                    "the zero CTA policy needs NCCL >= " + nccl_version_string(kCtaPolicyZeroVersion) +
-                       "; this build links NCCL " + nccl_version_string(version));
+                       "; the loaded NCCL is " + nccl_version_string(version));
   }
   *out = policy;
   return {};
@@ -161,7 +165,7 @@ Status translate_hints(const Hints& hints, int version, TranslatedHints* out) {
       return {ErrorCode::kUnsupported,
               "nccl hint " + std::string(key) + "=" + value + ": needs NCCL >= " +
                   nccl_version_string(needed) + " (ncclConfig_t has no such field before it); "
-                  "this build links NCCL " + nccl_version_string(version)};
+                  "the loaded NCCL is " + nccl_version_string(version)};
     }
     Status s;
     if (key == "blocking") {
@@ -219,6 +223,15 @@ Status translate_hints(const Hints& hints, int version, TranslatedHints* out) {
       s = parse_range(key, value, 1, kMaxCtas, &c.nchannels_per_net_peer);
     } else if (key == "nvlink_centric_sched") {
       s = parse_flag(key, value, &c.nvlink_centric_sched);
+    } else if (key == "graph_usage_mode") {
+      // The values NCCL's parseCommConfig accepts (2, its default, lets graphs mix with eager ops).
+      s = parse_range(key, value, 0, 2, &c.graph_usage_mode);
+    } else if (key == "num_rma_ctx") {
+      s = parse_range(key, value, 0, kMaxRmaCtx, &c.num_rma_ctx);
+    } else if (key == "max_p2p_peers") {
+      s = parse_range(key, value, 1, kMaxP2pPeers, &c.max_p2p_peers);
+    } else if (key == "graph_stream_ordering") {
+      s = parse_flag(key, value, &c.graph_stream_ordering);
     } else if (key == "high_priority_stream") {
       bool b = false;
       s = parse_bool(key, value, &b);
@@ -277,6 +290,10 @@ nlohmann::ordered_json config_object(const NcclConfigFields& c) {
   put("nvls_ctas", c.nvls_ctas);
   put("nchannels_per_net_peer", c.nchannels_per_net_peer);
   put("nvlink_centric_sched", c.nvlink_centric_sched);
+  put("graph_usage_mode", c.graph_usage_mode);
+  put("num_rma_ctx", c.num_rma_ctx);
+  put("max_p2p_peers", c.max_p2p_peers);
+  put("graph_stream_ordering", c.graph_stream_ordering);
   return j;
 }
 

@@ -91,7 +91,7 @@ Status Core::shrink_locked(std::vector<int> exclude, const NcclConfigFields& chi
   }
   *flags = revoked ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
   const NcclConfigFields fields = plugin_config_fields(child_fields, child_name);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  NcclConfig config = initial_config(api_->loaded_version());
   apply_to_config(fields, &config);
   std::sort(exclude.begin(), exclude.end());
   ncclComm_t out = nullptr;
