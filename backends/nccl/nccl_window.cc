@@ -82,12 +82,13 @@ void Core::release_windows_locked(std::vector<std::string>* errors) {
 
 Status Core::submit_window_locked(const WindowOpDesc& op, std::shared_ptr<WorkState>* out_work) {
   if (!api_->has_one_sided()) return no_windows(*api_);
+  const char* name = window_op_name(op.type);
+  if (!failure_.is_ok()) return failed_earlier(name);  // its windows went with the communicator
   auto win = static_cast<ncclWindow_t>(op.window);
   if (op.type != WindowOpType::kSignal && op.type != WindowOpType::kWaitSignal && !windows_.count(win)) {
     return {ErrorCode::kInvalidArgument, std::string(window_op_name(op.type)) +
                                              ": not a window registered on this communicator"};
   }
-  const char* name = window_op_name(op.type);
   std::vector<WaitSignalDesc> waits;
   switch (op.type) {
     case WindowOpType::kPut:

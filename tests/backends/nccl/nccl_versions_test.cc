@@ -372,7 +372,9 @@ TEST_F(NcclWindowsTest, WindowsAreReleasedAtFinalizeSuspendAndAbort) {
   auto c = make(k229, 0, 2);
   ASSERT_TRUE(c->register_window(reinterpret_cast<void*>(0x40000), 4096, &w1).is_ok());
   c->abort("test");
-  EXPECT_EQ(run(*c, wop(WindowOpType::kPut, w1, 1)).code, ErrorCode::kInvalidArgument);
+  Status s = run(*c, wop(WindowOpType::kPut, w1, 1));
+  EXPECT_EQ(s.code, ErrorCode::kAborted);
+  EXPECT_THAT(s.message, HasSubstr("comm aborted: test"));
   EXPECT_EQ(describe(*c)["windows_registered"], 0);
 }
 
