@@ -184,7 +184,7 @@ void Comm::Impl::reload_by_split(Impl* child, Impl& parent, DeviceType t, const 
     child->reload(t);
     return;
   }
-  if (!child && ps.offload_mode == std::string_view("suspend")) return;
+  if (!child && ps.offload_mode && std::string_view(ps.offload_mode) == "suspend") return;
   if (ps.state.load() != BackendState::kReady && ps.state.load() != BackendState::kLazy) {
     throw parent.error(ErrorCode::kAborted,
                        str::cat("cannot re-split its ", to_string(t), " backend: it is ",

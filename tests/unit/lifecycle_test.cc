@@ -124,6 +124,32 @@ TEST_F(Lifecycle, OffloadBySuspendKeepsTheBackendAndTheReloadResumesIt) {
       << "the resumed backend holds its memory again";
 }
 
+// A group carved by split and offloaded by suspend comes back by resume,
+// not by splitting the parent again.
+TEST_F(Lifecycle, ASuspendedSplitChildResumesInsteadOfSplittingAgain) {
+  setenv("COMMS_ROUTE", "split", 1);
+  InitOptions init = one_rank("cpu:gloo,cuda:fakegpu");
+  init.options.hints["fakegpu.suspend"] = "1";
+  {
+    Session session(init);
+    GroupOptions o;
+    o.options.hints["fakegpu.suspend"] = "1";
+    Group g = new_group(std::vector<int>{0}, o);
+    ASSERT_EQ(g.route(), Route::kSplit);
+    const int suspends = cuda_of(g)["config"]["suspends"];
+    const int resumes = cuda_of(g)["config"]["resumes"];
+    const BackendState state = g->backend_state(DeviceType::kCuda);
+    offload_groups();
+    EXPECT_EQ(cuda_of(g)["offload"], "suspend");
+    EXPECT_EQ(cuda_of(g)["config"]["suspends"], suspends + 2) << "the world and the group";
+    ReloadReport back = reload_groups();
+    EXPECT_EQ(back.communicators_created, 2);
+    EXPECT_EQ(cuda_of(g)["config"]["resumes"], resumes + 2) << "the group resumed, not re-split";
+    EXPECT_EQ(g->backend_state(DeviceType::kCuda), state);
+  }
+  unsetenv("COMMS_ROUTE");
+}
+
 // kUnsupported from suspend() (here: a plugin without the hint) falls back to
 // finalize and re-creation, as for plugins older than ABI 2.6.
 TEST_F(Lifecycle, WithoutSuspendTheOffloadDestroysAndTheReloadRecreates) {
