@@ -30,7 +30,7 @@ Status Core::init_locked() {
   ncclResult_t r = api_->comm_init_rank_config(&comm, init_.size, id, init_.rank, &config);
   if (Status s = settle(comm, r, deadline, "ncclCommInitRankConfig"); !s.is_ok()) {
     if (comm) api_->comm_abort(comm);
-    if (s.code == ErrorCode::kTimeout) {
+    if (s.code == ErrorCode::kTimeout && Clock::now() >= deadline) {  // ours, not ncclTimeout
       s.message = "NCCL communicator init (rank " + std::to_string(init_.rank) + " of " +
                   std::to_string(init_.size) + ", cuda:" + std::to_string(device_) +
                   ") did not finish within " + ms_text(init_.init_timeout) +
@@ -103,7 +103,7 @@ Status Core::split_locked(int color, int key, const NcclConfigFields& child_fiel
   if (s.is_ok() && out) s = settle(out, ncclInProgress, deadline, "ncclCommSplit (the new communicator)");
   if (!s.is_ok()) {
     if (out) api_->comm_abort(out);
-    if (s.code == ErrorCode::kTimeout) {
+    if (s.code == ErrorCode::kTimeout && Clock::now() >= deadline) {  // ours, not ncclTimeout
       s.message = "ncclCommSplit did not finish within " + ms_text(timeout) +
                   "; do all ranks of the parent call split?";
     }

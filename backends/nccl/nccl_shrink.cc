@@ -111,7 +111,7 @@ Status Core::shrink_locked(std::vector<int> exclude, const NcclConfigFields& chi
   if (s.is_ok()) s = settle(out, ncclInProgress, deadline, "ncclCommShrink (the new communicator)", false);
   if (!s.is_ok()) {
     if (out) api_->comm_abort(out);
-    if (s.code == ErrorCode::kTimeout) {
+    if (s.code == ErrorCode::kTimeout && Clock::now() >= deadline) {  // ours, not ncclTimeout
       s.message = "ncclCommShrink did not finish within " + ms_text(timeout) + "; do all surviving ranks shrink?";
     }
     return give_up(s);

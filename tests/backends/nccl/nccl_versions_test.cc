@@ -113,6 +113,18 @@ TEST_F(NcclVersionsTest, ResultEightIsATimeoutOnlyFromNccl230) {
   }
 }
 
+// NCCL's own timeout during init keeps NCCL's words (not the plugin's
+// "did not finish within", which is for its own deadline).
+TEST_F(NcclVersionsTest, NcclsOwnTimeoutInInitIsATimeoutInItsWords) {
+  api->set_version(k230);
+  api->async_error = static_cast<ncclResult_t>(kNcclTimeoutResult);
+  std::unique_ptr<Backend> b;
+  ASSERT_TRUE(create_nccl_backend(api, testing::backend_init(store), &b, {.watchdog_interval = 5ms}).is_ok());
+  Status s = b->init();
+  EXPECT_EQ(s.code, ErrorCode::kTimeout);
+  EXPECT_THAT(s.message, HasSubstr("ncclCommInitRankConfig failed: operation timed out"));
+}
+
 TEST_F(NcclVersionsTest, AllToAllGatherScatterAreNativeFrom228AndGroupedSendRecvBefore) {
   for (int version : {22703, k228}) {
     auto b = make(version, 0, 1);
