@@ -97,7 +97,6 @@ class Core {
   // Deregisters every window still registered (finalize, suspend); errors
   // are appended to `errors`.
   void release_windows_locked(std::vector<std::string>* errors);
-  size_t window_count_locked() const { return windows_.size(); }
 
   // --- registered buffers (nccl_registration.cc) ---
   Status register_locked(void* data, size_t bytes, void** handle);
@@ -212,7 +211,10 @@ class Core {
   void* scratch_ = nullptr;
   std::deque<std::shared_ptr<WorkState>> outstanding_;
   std::set<void*> registered_;  // ncclCommRegister handles on comm_
-  std::set<ncclWindow_t> windows_;  // ncclCommWindowRegister handles on comm_
+  // ncclCommWindowRegister handles on comm_, in registration order: the
+  // release at finalize/suspend deregisters (collectively) in the order
+  // every rank shares, not in the order of the handles' addresses.
+  std::vector<ncclWindow_t> windows_;
   bool suspended_ = false;          // ncclCommSuspend'ed (or a lazy comm offloaded by suspend)
   // What the last suspend/resume saw (describe()): MemStats as JSON text, "" before any.
   std::string mem_before_suspend_, mem_after_suspend_, mem_after_resume_;

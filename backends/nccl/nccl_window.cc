@@ -4,6 +4,7 @@
 // (NcclApi::has_one_sided). NCCL 2.30 takes signal index 0, context 0 and
 // flags 0 only, so every signal of a peer lands in one counter, which is
 // what WindowOpType::kWaitSignal counts.
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -53,14 +54,14 @@ Status Core::register_window_locked(void* data, size_t bytes, void** window) {
     if (s.code == ErrorCode::kTimeout || s.code == ErrorCode::kPeerFailure) fail_locked(s, nullptr);
     return s;
   }
-  windows_.insert(win);
+  windows_.push_back(win);
   *window = win;
   return {};
 }
 
 Status Core::deregister_window_locked(void* window) {
   auto win = static_cast<ncclWindow_t>(window);
-  if (windows_.erase(win) == 0) {
+  if (std::erase(windows_, win) == 0) {
     return {ErrorCode::kInvalidArgument,
             "deregister_window: not a window registered on this communicator (deregistered already, or "
             "released when the comm was finalized, offloaded or failed)"};
@@ -85,7 +86,8 @@ Status Core::submit_window_locked(const WindowOpDesc& op, std::shared_ptr<WorkSt
   const char* name = window_op_name(op.type);
   if (!failure_.is_ok()) return failed_earlier(name);  // its windows went with the communicator
   auto win = static_cast<ncclWindow_t>(op.window);
-  if (op.type != WindowOpType::kSignal && op.type != WindowOpType::kWaitSignal && !windows_.count(win)) {
+  if (op.type != WindowOpType::kSignal && op.type != WindowOpType::kWaitSignal &&
+      std::find(windows_.begin(), windows_.end(), win) == windows_.end()) {
     return {ErrorCode::kInvalidArgument, std::string(window_op_name(op.type)) +
                                              ": not a window registered on this communicator"};
   }
