@@ -2,52 +2,113 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstddef>
+
 namespace comms::nccl {
 namespace {
 
-// Every key that the version table allows for the linked NCCL must have its
-// ncclConfig_t field; otherwise the table is wrong and the build says so.
-#define COMMS_CHECK_FIELD(key, field)                                                    \
-  static_assert(min_nccl_version_for(key) > NCCL_VERSION_CODE ||                              \
-                    requires(ncclConfig_t c) { c.field; },                               \
-                "ncclConfig_t of this NCCL lacks " #field " although the table allows " key)
+// NcclConfig must lay out every field where the header's ncclConfig_t has
+// it (a field the header lacks is checked by the header that has it: the CI
+// build against the newest wheel's nccl.h).
+#define COMMS_CHECK_FIELD(field)                                                      \
+  static_assert(                                                                      \
+      []<class C>(C*) {                                                               \
+        if constexpr (requires(C c) { c.field; }) {                                   \
+          return offsetof(C, field) == offsetof(NcclConfig, field);                   \
+        } else {                                                                      \
+          return true;                                                                \
+        }                                                                             \
+      }(static_cast<ncclConfig_t*>(nullptr)),                                         \
+      "NcclConfig::" #field " is not where the linked nccl.h has it")
+COMMS_CHECK_FIELD(size);
+COMMS_CHECK_FIELD(magic);
+COMMS_CHECK_FIELD(version);
+COMMS_CHECK_FIELD(blocking);
+COMMS_CHECK_FIELD(cgaClusterSize);
+COMMS_CHECK_FIELD(minCTAs);
+COMMS_CHECK_FIELD(maxCTAs);
+COMMS_CHECK_FIELD(netName);
+COMMS_CHECK_FIELD(splitShare);
+COMMS_CHECK_FIELD(trafficClass);
+COMMS_CHECK_FIELD(commName);
+COMMS_CHECK_FIELD(collnetEnable);
+COMMS_CHECK_FIELD(CTAPolicy);
+COMMS_CHECK_FIELD(shrinkShare);
+COMMS_CHECK_FIELD(nvlsCTAs);
+COMMS_CHECK_FIELD(nChannelsPerNetPeer);
+COMMS_CHECK_FIELD(nvlinkCentricSched);
+COMMS_CHECK_FIELD(graphUsageMode);
+COMMS_CHECK_FIELD(numRmaCtx);
+COMMS_CHECK_FIELD(maxP2pPeers);
+COMMS_CHECK_FIELD(graphStreamOrdering);
+// A header with graphStreamOrdering has at least NcclConfig's fields.
+static_assert(
+    []<class C>(C*) {
+      if constexpr (requires(C c) { c.graphStreamOrdering; }) return sizeof(C) >= sizeof(NcclConfig);
+      return true;
+    }(static_cast<ncclConfig_t*>(nullptr)),
+    "the linked ncclConfig_t is smaller than NcclConfig");
 
-COMMS_CHECK_FIELD("blocking", blocking);
-COMMS_CHECK_FIELD("cga_cluster_size", cgaClusterSize);
-COMMS_CHECK_FIELD("min_ctas", minCTAs);
-COMMS_CHECK_FIELD("max_ctas", maxCTAs);
-COMMS_CHECK_FIELD("net_name", netName);
-COMMS_CHECK_FIELD("split_share", splitShare);
-COMMS_CHECK_FIELD("traffic_class", trafficClass);
-COMMS_CHECK_FIELD("comm_name", commName);
-COMMS_CHECK_FIELD("collnet_enable", collnetEnable);
-COMMS_CHECK_FIELD("cta_policy", CTAPolicy);
-COMMS_CHECK_FIELD("shrink_share", shrinkShare);
-COMMS_CHECK_FIELD("nvls_ctas", nvlsCTAs);
-COMMS_CHECK_FIELD("nchannels_per_net_peer", nChannelsPerNetPeer);
-COMMS_CHECK_FIELD("nvlink_centric_sched", nvlinkCentricSched);
+// The declarations of nccl_api.h against the header, where it has them.
+static_assert(NCCL_SUSPEND_MEM == 0x01 && NCCL_WIN_COLL_SYMMETRIC == 0x01 && NCCL_SHRINK_ABORT == 0x01);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 30, 0)
+static_assert(static_cast<int>(ncclTimeout) == kNcclTimeoutResult);
+#else
+static_assert(static_cast<int>(ncclNumResults) == kNcclTimeoutResult);
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+static_assert(static_cast<int>(ncclStatGpuMemSuspend) == static_cast<int>(MemStat::kSuspendable) &&
+              static_cast<int>(ncclStatGpuMemSuspended) == static_cast<int>(MemStat::kSuspended) &&
+              static_cast<int>(ncclStatGpuMemPersist) == static_cast<int>(MemStat::kPersistent) &&
+              static_cast<int>(ncclStatGpuMemTotal) == static_cast<int>(MemStat::kTotal));
+static_assert(sizeof(WaitSignalDesc) == sizeof(ncclWaitSignalDesc_t) &&
+              offsetof(WaitSignalDesc, op_count) == offsetof(ncclWaitSignalDesc_t, opCnt) &&
+              offsetof(WaitSignalDesc, peer) == offsetof(ncclWaitSignalDesc_t, peer) &&
+              offsetof(WaitSignalDesc, sig_index) == offsetof(ncclWaitSignalDesc_t, sigIdx) &&
+              offsetof(WaitSignalDesc, ctx) == offsetof(ncclWaitSignalDesc_t, ctx));
+#endif
 
-// Assigns only when the linked ncclConfig_t has the field; translate_hints
-// has already rejected keys the linked NCCL lacks.
-#define COMMS_SET_FIELD(field, value)                                 \
-  if constexpr (requires(ncclConfig_t c) { c.field; }) {              \
-    if (value) config->field = *value;                                \
-  }
-#define COMMS_SET_STRING_FIELD(field, value)                          \
-  if constexpr (requires(ncclConfig_t c) { c.field; }) {              \
-    if (value) config->field = value->c_str();                        \
-  }
-
-// ncclCommShrink / ncclCommRevoke of the libnccl this process loaded, or
-// null: looked up by dlsym in the library that holds ncclGetVersion (the
-// plugin is loaded RTLD_LOCAL, so RTLD_DEFAULT would not see it), and only
-// when that library's version has them.
-using ShrinkFn = ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
+// The optional entry points of the libnccl this process loaded, or null:
+// looked up by dlsym in the library that holds ncclGetVersion (the plugin
+// is loaded RTLD_LOCAL, so RTLD_DEFAULT would not see it), and only when
+// that library's version has them. Signatures as NCCL 2.30.7's nccl.h.
+using ShrinkFn = ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, NcclConfig*, int);
 using RevokeFn = ncclResult_t (*)(ncclComm_t, int);
+using CollFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+using RootedFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+using SuspendFn = ncclResult_t (*)(ncclComm_t, int);
+using ResumeFn = ncclResult_t (*)(ncclComm_t);
+using MemStatsFn = ncclResult_t (*)(ncclComm_t, int, uint64_t*);
+using WinRegisterFn = ncclResult_t (*)(ncclComm_t, void*, size_t, ncclWindow_t*, int);
+using WinDeregisterFn = ncclResult_t (*)(ncclComm_t, ncclWindow_t);
+using PutSignalFn = ncclResult_t (*)(const void*, size_t, ncclDataType_t, int, ncclWindow_t, size_t, int, int,
+                                     unsigned int, ncclComm_t, cudaStream_t);
+using SignalFn = ncclResult_t (*)(int, int, int, unsigned int, ncclComm_t, cudaStream_t);
+using WaitSignalFn = ncclResult_t (*)(int, WaitSignalDesc*, ncclComm_t, cudaStream_t);
+
 struct OptionalSymbols {
   ShrinkFn shrink = nullptr;
   RevokeFn revoke = nullptr;
+  CollFn all_to_all = nullptr;
+  RootedFn gather = nullptr, scatter = nullptr;
+  SuspendFn suspend = nullptr;
+  ResumeFn resume = nullptr;
+  MemStatsFn mem_stats = nullptr;
+  WinRegisterFn win_register = nullptr;
+  WinDeregisterFn win_deregister = nullptr;
+  PutSignalFn put_signal = nullptr;
+  SignalFn signal = nullptr;
+  WaitSignalFn wait_signal = nullptr;
+  bool native_collectives() const { return all_to_all && gather && scatter; }
+  bool suspend_resume() const { return suspend && resume && mem_stats; }
+  bool one_sided() const { return win_register && win_deregister && put_signal && signal && wait_signal; }
 };
+
+template <class Fn>
+void find(void* lib, int version, int needed, const char* name, Fn* out) {
+  if (version >= needed) *out = reinterpret_cast<Fn>(dlsym(lib, name));
+}
 
 OptionalSymbols find_optional_symbols() {
   OptionalSymbols out;
@@ -58,8 +119,19 @@ OptionalSymbols find_optional_symbols() {
   void* lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (!lib) return out;
   // The handle stays open: NCCL is never unloaded while the plugin lives.
-  if (version >= NCCL_VERSION(2, 27, 0)) out.shrink = reinterpret_cast<ShrinkFn>(dlsym(lib, "ncclCommShrink"));
-  if (version >= NCCL_VERSION(2, 28, 0)) out.revoke = reinterpret_cast<RevokeFn>(dlsym(lib, "ncclCommRevoke"));
+  find(lib, version, NCCL_VERSION(2, 27, 0), "ncclCommShrink", &out.shrink);
+  find(lib, version, NCCL_VERSION(2, 28, 0), "ncclCommRevoke", &out.revoke);
+  find(lib, version, kNativeCollectivesVersion, "ncclAlltoAll", &out.all_to_all);
+  find(lib, version, kNativeCollectivesVersion, "ncclGather", &out.gather);
+  find(lib, version, kNativeCollectivesVersion, "ncclScatter", &out.scatter);
+  find(lib, version, kSuspendVersion, "ncclCommSuspend", &out.suspend);
+  find(lib, version, kSuspendVersion, "ncclCommResume", &out.resume);
+  find(lib, version, kSuspendVersion, "ncclCommMemStats", &out.mem_stats);
+  find(lib, version, kOneSidedVersion, "ncclCommWindowRegister", &out.win_register);
+  find(lib, version, kOneSidedVersion, "ncclCommWindowDeregister", &out.win_deregister);
+  find(lib, version, kOneSidedVersion, "ncclPutSignal", &out.put_signal);
+  find(lib, version, kOneSidedVersion, "ncclSignal", &out.signal);
+  find(lib, version, kOneSidedVersion, "ncclWaitSignal", &out.wait_signal);
   return out;
 }
 
@@ -67,23 +139,53 @@ class RealNcclApi final : public NcclApi {
  public:
   bool has_shrink() override { return syms_.shrink != nullptr; }
   bool has_revoke() override { return syms_.revoke != nullptr; }
-  ncclResult_t comm_shrink(ncclComm_t comm, int* exclude, int n, ncclComm_t* child, ncclConfig_t* config,
+  ncclResult_t comm_shrink(ncclComm_t comm, int* exclude, int n, ncclComm_t* child, NcclConfig* config,
                            int flags) override {
     return syms_.shrink ? syms_.shrink(comm, exclude, n, child, config, flags) : ncclInvalidUsage;
   }
   ncclResult_t comm_revoke(ncclComm_t comm, int flags) override {
     return syms_.revoke ? syms_.revoke(comm, flags) : ncclInvalidUsage;
   }
+  bool has_native_collectives() override { return syms_.native_collectives(); }
+  bool has_suspend() override { return syms_.suspend_resume(); }
+  bool has_one_sided() override { return syms_.one_sided(); }
+  ncclResult_t comm_suspend(ncclComm_t comm, int flags) override {
+    return has_suspend() ? syms_.suspend(comm, flags) : ncclInvalidUsage;
+  }
+  ncclResult_t comm_resume(ncclComm_t comm) override { return has_suspend() ? syms_.resume(comm) : ncclInvalidUsage; }
+  ncclResult_t comm_mem_stats(ncclComm_t comm, MemStat stat, uint64_t* value) override {
+    return has_suspend() ? syms_.mem_stats(comm, static_cast<int>(stat), value) : ncclInvalidUsage;
+  }
+  ncclResult_t window_register(ncclComm_t comm, void* buf, size_t bytes, ncclWindow_t* win, int flags) override {
+    return has_one_sided() ? syms_.win_register(comm, buf, bytes, win, flags) : ncclInvalidUsage;
+  }
+  ncclResult_t window_deregister(ncclComm_t comm, ncclWindow_t win) override {
+    return has_one_sided() ? syms_.win_deregister(comm, win) : ncclInvalidUsage;
+  }
+  ncclResult_t put_signal(const void* in, size_t count, ncclDataType_t dt, int peer, ncclWindow_t win, size_t offset,
+                          int sig_index, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t s) override {
+    return has_one_sided() ? syms_.put_signal(in, count, dt, peer, win, offset, sig_index, ctx, flags, comm, s)
+                           : ncclInvalidUsage;
+  }
+  ncclResult_t signal(int peer, int sig_index, int ctx, unsigned int flags, ncclComm_t comm,
+                      cudaStream_t s) override {
+    return has_one_sided() ? syms_.signal(peer, sig_index, ctx, flags, comm, s) : ncclInvalidUsage;
+  }
+  ncclResult_t wait_signal(int n, WaitSignalDesc* descs, ncclComm_t comm, cudaStream_t s) override {
+    return has_one_sided() ? syms_.wait_signal(n, descs, comm, s) : ncclInvalidUsage;
+  }
 
   ncclResult_t get_version(int* v) override { return ncclGetVersion(v); }
   ncclResult_t get_unique_id(ncclUniqueId* id) override { return ncclGetUniqueId(id); }
+  // NCCL reads the config through its size and version fields, so NcclConfig
+  // goes where the header's ncclConfig_t is expected.
   ncclResult_t comm_init_rank_config(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                                     ncclConfig_t* config) override {
-    return ncclCommInitRankConfig(comm, nranks, id, rank, config);
+                                     NcclConfig* config) override {
+    return ncclCommInitRankConfig(comm, nranks, id, rank, reinterpret_cast<ncclConfig_t*>(config));
   }
   ncclResult_t comm_split(ncclComm_t comm, int color, int key, ncclComm_t* child,
-                          ncclConfig_t* config) override {
-    return ncclCommSplit(comm, color, key, child, config);
+                          NcclConfig* config) override {
+    return ncclCommSplit(comm, color, key, child, reinterpret_cast<ncclConfig_t*>(config));
   }
   ncclResult_t comm_get_async_error(ncclComm_t comm, ncclResult_t* e) override {
     return ncclCommGetAsyncError(comm, e);
@@ -122,27 +224,18 @@ class RealNcclApi final : public NcclApi {
                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) override {
     return ncclReduceScatter(in, out, n, dt, op, comm, s);
   }
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
   ncclResult_t all_to_all(const void* in, void* out, size_t n, ncclDataType_t dt,
                           ncclComm_t comm, cudaStream_t s) override {
-    return ncclAlltoAll(in, out, n, dt, comm, s);
+    return has_native_collectives() ? syms_.all_to_all(in, out, n, dt, comm, s) : ncclInvalidUsage;
   }
   ncclResult_t gather(const void* in, void* out, size_t n, ncclDataType_t dt, int root,
                       ncclComm_t comm, cudaStream_t s) override {
-    return ncclGather(in, out, n, dt, root, comm, s);
+    return has_native_collectives() ? syms_.gather(in, out, n, dt, root, comm, s) : ncclInvalidUsage;
   }
   ncclResult_t scatter(const void* in, void* out, size_t n, ncclDataType_t dt, int root,
                        ncclComm_t comm, cudaStream_t s) override {
-    return ncclScatter(in, out, n, dt, root, comm, s);
+    return has_native_collectives() ? syms_.scatter(in, out, n, dt, root, comm, s) : ncclInvalidUsage;
   }
-#else
-  ncclResult_t all_to_all(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
-                          cudaStream_t) override { return ncclInvalidUsage; }
-  ncclResult_t gather(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
-                      cudaStream_t) override { return ncclInvalidUsage; }
-  ncclResult_t scatter(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
-                       cudaStream_t) override { return ncclInvalidUsage; }
-#endif
   ncclResult_t send(const void* buf, size_t n, ncclDataType_t dt, int peer, ncclComm_t comm,
                     cudaStream_t s) override {
     return ncclSend(buf, n, dt, peer, comm, s);
@@ -232,26 +325,46 @@ std::shared_ptr<NcclApi> real_nccl_api() {
   return api;
 }
 
-void apply_to_config(const NcclConfigFields& f, ncclConfig_t* config) {
-  COMMS_SET_FIELD(blocking, f.blocking);
-  COMMS_SET_FIELD(cgaClusterSize, f.cga_cluster_size);
-  COMMS_SET_FIELD(minCTAs, f.min_ctas);
-  COMMS_SET_FIELD(maxCTAs, f.max_ctas);
+NcclConfig initial_config(int loaded_version) {
+  NcclConfig c{};
+  c.size = sizeof(NcclConfig);
+  c.magic = 0xcafebeef;  // NCCL_API_MAGIC
+  c.version = static_cast<unsigned int>(std::clamp(loaded_version, NCCL_VERSION(2, 14, 0), kNcclConfigLayoutVersion));
+  c.blocking = c.cgaClusterSize = c.minCTAs = c.maxCTAs = NCCL_CONFIG_UNDEF_INT;
+  c.netName = c.commName = nullptr;
+  c.splitShare = c.trafficClass = c.collnetEnable = c.CTAPolicy = c.shrinkShare = NCCL_CONFIG_UNDEF_INT;
+  c.nvlsCTAs = c.nChannelsPerNetPeer = c.nvlinkCentricSched = NCCL_CONFIG_UNDEF_INT;
+  c.graphUsageMode = c.numRmaCtx = c.maxP2pPeers = c.graphStreamOrdering = NCCL_CONFIG_UNDEF_INT;
+  return c;
+}
+
+void apply_to_config(const NcclConfigFields& f, NcclConfig* config) {
+  auto set = [](int& field, const std::optional<int>& value) {
+    if (value) field = *value;
+  };
+  set(config->blocking, f.blocking);
+  set(config->cgaClusterSize, f.cga_cluster_size);
+  set(config->minCTAs, f.min_ctas);
+  set(config->maxCTAs, f.max_ctas);
   // NCCL checks minCTAs > maxCTAs even when maxCTAs is unset (its "undefined"
   // is INT_MIN), so min_ctas alone fails init and split with "Invalid config
   // min/max channels attribute value 2/-2147483648" (NCCL 2.28.3). Give
   // maxCTAs its default then.
   if (f.min_ctas && !f.max_ctas) config->maxCTAs = kMaxCtas;
-  COMMS_SET_STRING_FIELD(netName, f.net_name);
-  COMMS_SET_FIELD(splitShare, f.split_share);
-  COMMS_SET_FIELD(trafficClass, f.traffic_class);
-  COMMS_SET_STRING_FIELD(commName, f.comm_name);
-  COMMS_SET_FIELD(collnetEnable, f.collnet_enable);
-  COMMS_SET_FIELD(CTAPolicy, f.cta_policy);
-  COMMS_SET_FIELD(shrinkShare, f.shrink_share);
-  COMMS_SET_FIELD(nvlsCTAs, f.nvls_ctas);
-  COMMS_SET_FIELD(nChannelsPerNetPeer, f.nchannels_per_net_peer);
-  COMMS_SET_FIELD(nvlinkCentricSched, f.nvlink_centric_sched);
+  if (f.net_name) config->netName = f.net_name->c_str();
+  set(config->splitShare, f.split_share);
+  set(config->trafficClass, f.traffic_class);
+  if (f.comm_name) config->commName = f.comm_name->c_str();
+  set(config->collnetEnable, f.collnet_enable);
+  set(config->CTAPolicy, f.cta_policy);
+  set(config->shrinkShare, f.shrink_share);
+  set(config->nvlsCTAs, f.nvls_ctas);
+  set(config->nChannelsPerNetPeer, f.nchannels_per_net_peer);
+  set(config->nvlinkCentricSched, f.nvlink_centric_sched);
+  set(config->graphUsageMode, f.graph_usage_mode);
+  set(config->numRmaCtx, f.num_rma_ctx);
+  set(config->maxP2pPeers, f.max_p2p_peers);
+  set(config->graphStreamOrdering, f.graph_stream_ordering);
 }
 
 }  // namespace comms::nccl

@@ -6,11 +6,15 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdint>
 #include <memory>
 
 #include "nccl_hints.h"
 
-// Older headers lack these (values as NCCL 2.27/2.28 define them).
+// What headers older than the loaded NCCL may lack, declared here with the
+// values the newer headers define (nccl_api.cc checks each against the header
+// when it has it): the plugin is built against one header and uses what the
+// NCCL loaded at run time has.
 #ifndef NCCL_SHRINK_DEFAULT
 #define NCCL_SHRINK_DEFAULT 0x00
 #endif
@@ -20,8 +24,71 @@
 #ifndef NCCL_REVOKE_DEFAULT
 #define NCCL_REVOKE_DEFAULT 0x00
 #endif
+#ifndef NCCL_SUSPEND_MEM
+#define NCCL_SUSPEND_MEM 0x01
+#endif
+#ifndef NCCL_WIN_COLL_SYMMETRIC
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
+#endif
 
 namespace comms::nccl {
+
+// The first NCCL release with each optional feature, checked against the
+// loaded library's ncclGetVersion (never NCCL_VERSION_CODE).
+inline constexpr int kNativeCollectivesVersion = 22800;  // ncclAlltoAll, ncclGather, ncclScatter
+inline constexpr int kSuspendVersion = 22900;            // ncclCommSuspend/Resume/MemStats
+inline constexpr int kOneSidedVersion = 22900;           // ncclPutSignal, ncclSignal, ncclWaitSignal
+inline constexpr int kTimeoutResultVersion = 23000;      // ncclTimeout
+
+// ncclResult_t 8: ncclTimeout from NCCL 2.30; before, 8 was ncclNumResults
+// (never returned). Compare with this, not with ncclTimeout, which older
+// headers lack.
+inline constexpr int kNcclTimeoutResult = 8;
+
+// ncclCommMemStat_t (NCCL 2.29).
+enum class MemStat : int { kSuspendable = 0, kSuspended = 1, kPersistent = 2, kTotal = 3 };
+
+// ncclWaitSignalDesc_t (NCCL 2.29): wait for op_count signals from `peer`.
+struct WaitSignalDesc {
+  int op_count;
+  int peer;
+  int sig_index;
+  int ctx;
+};
+
+// ncclConfig_t as NCCL 2.30 lays it out (ncclConfig_v23000): the plugin
+// fills this, not the header's ncclConfig_t, so that a plugin built
+// against an older header still sets the fields a newer loaded NCCL reads.
+// NCCL takes only min(size, its own sizeof) bytes and reads a field only
+// when `version` is at least the release that added it, so `version` is
+// the loaded NCCL's (at most kNcclConfigLayoutVersion). nccl_api.cc checks
+// every offset against the header's ncclConfig_t where it has the field.
+inline constexpr int kNcclConfigLayoutVersion = 23007;
+struct NcclConfig {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+  int cgaClusterSize;
+  int minCTAs;
+  int maxCTAs;
+  const char* netName;
+  int splitShare;
+  int trafficClass;
+  const char* commName;
+  int collnetEnable;
+  int CTAPolicy;
+  int shrinkShare;
+  int nvlsCTAs;
+  int nChannelsPerNetPeer;
+  int nvlinkCentricSched;
+  int graphUsageMode;
+  int numRmaCtx;
+  int maxP2pPeers;
+  int graphStreamOrdering;
+};
+// NCCL_CONFIG_INITIALIZER for an NCCL of `loaded_version`: every field unset.
+NcclConfig initial_config(int loaded_version);
 
 class NcclApi {
  public:
@@ -31,9 +98,9 @@ class NcclApi {
   virtual ncclResult_t get_version(int* version) = 0;
   virtual ncclResult_t get_unique_id(ncclUniqueId* id) = 0;
   virtual ncclResult_t comm_init_rank_config(ncclComm_t* comm, int nranks, ncclUniqueId id,
-                                             int rank, ncclConfig_t* config) = 0;
+                                             int rank, NcclConfig* config) = 0;
   virtual ncclResult_t comm_split(ncclComm_t comm, int color, int key, ncclComm_t* child,
-                                  ncclConfig_t* config) = 0;
+                                  NcclConfig* config) = 0;
   virtual ncclResult_t comm_get_async_error(ncclComm_t comm, ncclResult_t* error) = 0;
   virtual ncclResult_t comm_finalize(ncclComm_t comm) = 0;
   virtual ncclResult_t comm_destroy(ncclComm_t comm) = 0;
@@ -55,7 +122,8 @@ class NcclApi {
                                   ncclComm_t comm, cudaStream_t s) = 0;
   virtual ncclResult_t reduce_scatter(const void* in, void* out, size_t count, ncclDataType_t dt,
                                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) = 0;
-  // Native on NCCL >= 2.28; older builds emulate these three with grouped p2p.
+  // Native on NCCL >= 2.28 (has_native_collectives); without, the calls
+  // answer ncclInvalidUsage and the plugin uses grouped send/recv.
   virtual ncclResult_t all_to_all(const void* in, void* out, size_t count, ncclDataType_t dt,
                                   ncclComm_t comm, cudaStream_t s) = 0;
   virtual ncclResult_t gather(const void* in, void* out, size_t count, ncclDataType_t dt,
@@ -78,10 +146,46 @@ class NcclApi {
   virtual bool has_shrink() { return false; }
   virtual bool has_revoke() { return false; }
   virtual ncclResult_t comm_shrink(ncclComm_t /*comm*/, int* /*exclude*/, int /*exclude_count*/,
-                                   ncclComm_t* /*child*/, ncclConfig_t* /*config*/, int /*flags*/) {
+                                   ncclComm_t* /*child*/, NcclConfig* /*config*/, int /*flags*/) {
     return ncclInvalidUsage;
   }
   virtual ncclResult_t comm_revoke(ncclComm_t /*comm*/, int /*flags*/) { return ncclInvalidUsage; }
+  // Likewise: ncclAlltoAll/ncclGather/ncclScatter (>= 2.28);
+  // ncclCommSuspend/Resume/MemStats (>= 2.29); windows with one-sided ops:
+  // ncclCommWindowRegister/Deregister, ncclPutSignal, ncclSignal and
+  // ncclWaitSignal (>= 2.29).
+  virtual bool has_native_collectives() { return false; }
+  virtual bool has_suspend() { return false; }
+  virtual bool has_one_sided() { return false; }
+  virtual ncclResult_t comm_suspend(ncclComm_t /*comm*/, int /*flags*/) { return ncclInvalidUsage; }
+  virtual ncclResult_t comm_resume(ncclComm_t /*comm*/) { return ncclInvalidUsage; }
+  virtual ncclResult_t comm_mem_stats(ncclComm_t /*comm*/, MemStat /*stat*/, uint64_t* /*value*/) {
+    return ncclInvalidUsage;
+  }
+  virtual ncclResult_t window_register(ncclComm_t /*comm*/, void* /*buf*/, size_t /*bytes*/, ncclWindow_t* /*win*/,
+                                       int /*flags*/) {
+    return ncclInvalidUsage;
+  }
+  virtual ncclResult_t window_deregister(ncclComm_t /*comm*/, ncclWindow_t /*win*/) { return ncclInvalidUsage; }
+  virtual ncclResult_t put_signal(const void* /*in*/, size_t /*count*/, ncclDataType_t /*dt*/, int /*peer*/,
+                                  ncclWindow_t /*peer_win*/, size_t /*offset*/, int /*sig_index*/, int /*ctx*/,
+                                  unsigned int /*flags*/, ncclComm_t /*comm*/, cudaStream_t /*s*/) {
+    return ncclInvalidUsage;
+  }
+  virtual ncclResult_t signal(int /*peer*/, int /*sig_index*/, int /*ctx*/, unsigned int /*flags*/,
+                              ncclComm_t /*comm*/, cudaStream_t /*s*/) {
+    return ncclInvalidUsage;
+  }
+  virtual ncclResult_t wait_signal(int /*n*/, WaitSignalDesc* /*descs*/, ncclComm_t /*comm*/,
+                                   cudaStream_t /*s*/) {
+    return ncclInvalidUsage;
+  }
+
+  // The loaded NCCL's version code (ncclGetVersion), 0 if it cannot tell.
+  int loaded_version() {
+    int v = 0;
+    return get_version(&v) == ncclSuccess ? v : 0;
+  }
 
   // CUDA
   virtual cudaError_t get_device_count(int* count) = 0;
@@ -122,9 +226,8 @@ class NcclApi {
 // The process-wide NcclApi over the linked NCCL and CUDA runtime.
 std::shared_ptr<NcclApi> real_nccl_api();
 
-// Writes the fields that are set into `config` (initialized by the caller
-// with NCCL_CONFIG_INITIALIZER). String fields point into `fields`, which must
-// outlive the config's use.
-void apply_to_config(const NcclConfigFields& fields, ncclConfig_t* config);
+// Writes the fields that are set into `config` (from initial_config). String
+// fields point into `fields`, which must outlive the config's use.
+void apply_to_config(const NcclConfigFields& fields, NcclConfig* config);
 
 }  // namespace comms::nccl

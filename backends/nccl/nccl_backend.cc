@@ -53,15 +53,7 @@ class NcclBackend final : public plugin::Backend {
   Status shrink(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) override;
 
   Status finalize() override {
-    // Outstanding ops first, each bounded by its own deadline.
-    std::deque<std::shared_ptr<WorkState>> pending;
-    {
-      std::lock_guard lock(core_->mu);
-      pending = core_->outstanding_copy_locked();
-    }
-    for (auto& w : pending) {
-      NcclWork(core_, w, nullptr).wait(WaitMode::kBlocking);
-    }
+    wait_outstanding();
     watchdog_.stop();
     std::lock_guard lock(core_->mu);
     finalized_ = true;
@@ -88,7 +80,39 @@ class NcclBackend final : public plugin::Backend {
     return core_->deregister_locked(handle);
   }
 
+  Status suspend() override {
+    wait_outstanding();
+    std::lock_guard lock(core_->mu);
+    return core_->suspend_locked();
+  }
+  Status resume() override {
+    std::lock_guard lock(core_->mu);
+    return core_->resume_locked();
+  }
+
+  Status register_window(void* data, size_t bytes, void** window) override {
+    std::lock_guard lock(core_->mu);
+    return core_->register_window_locked(data, bytes, window);
+  }
+  Status deregister_window(void* window) override {
+    std::lock_guard lock(core_->mu);
+    return core_->deregister_window_locked(window);
+  }
+  Status submit_window(const plugin::WindowOpDesc& op, std::unique_ptr<plugin::Work>* work) override;
+
  private:
+  // Outstanding ops, each bounded by its own deadline.
+  void wait_outstanding() {
+    std::deque<std::shared_ptr<WorkState>> pending;
+    {
+      std::lock_guard lock(core_->mu);
+      pending = core_->outstanding_copy_locked();
+    }
+    for (auto& w : pending) {
+      NcclWork(core_, w, nullptr).wait(WaitMode::kBlocking);
+    }
+  }
+
   std::shared_ptr<Core> core_;
   NcclBackendOptions options_;
   Watchdog watchdog_;
@@ -104,7 +128,7 @@ Status child_setup(Core& core, const plugin::BackendInit& given, BackendInit* ch
     std::lock_guard lock(core.mu);
     *merged = merge_split_hints(core.raw_hints(), given.hints);
   }
-  if (Status s = translate_hints(*merged, NCCL_VERSION_CODE, translated); !s.is_ok()) return s;
+  if (Status s = translate_hints(*merged, core.api().loaded_version(), translated); !s.is_ok()) return s;
   *child_init = given;
   child_init->device = Device::cuda(core.device());
   child_init->hints = *merged;
@@ -178,6 +202,29 @@ Status NcclBackend::submit(const OpDesc& op, std::unique_ptr<plugin::Work>* work
   }
   // Synchronous on CUDA means stream-ordered: the caller's stream waits for
   // the op; the watchdog still enforces its timeout.
+  if (cudaError_t e = core_->api().stream_wait_event(caller, state->end); e != cudaSuccess) {
+    return cuda_status(core_->api(), e, "cudaStreamWaitEvent on the caller's stream");
+  }
+  return {};
+}
+
+Status NcclBackend::submit_window(const plugin::WindowOpDesc& op, std::unique_ptr<plugin::Work>* work) {
+  auto caller = static_cast<cudaStream_t>(op.stream);
+  bool capturing = false;
+  if (Status s = capture_state(core_->api(), caller, &capturing); !s.is_ok()) return s;
+  // NCCL 2.29's one-sided ops cannot be captured; eager ones record events,
+  // which a capture must not see.
+  if (capturing) {
+    return {ErrorCode::kUnsupported, "nccl window ops cannot run inside CUDA graph capture"};
+  }
+  std::lock_guard lock(core_->mu);
+  std::shared_ptr<WorkState> state;
+  if (Status s = core_->submit_window_locked(op, &state); !s.is_ok()) return s;
+  if (op.async) {
+    *work = std::make_unique<NcclWork>(core_, std::move(state), caller);
+    return {};
+  }
+  // As submit(): synchronous on CUDA means ordered on the caller's stream.
   if (cudaError_t e = core_->api().stream_wait_event(caller, state->end); e != cudaSuccess) {
     return cuda_status(core_->api(), e, "cudaStreamWaitEvent on the caller's stream");
   }
@@ -320,7 +367,7 @@ Status NcclBackend::set_hints(const Hints& hints) {
     merged[key] = v;
   }
   TranslatedHints t;
-  if (Status s = translate_hints(merged, NCCL_VERSION_CODE, &t); !s.is_ok()) return s;
+  if (Status s = translate_hints(merged, core_->api().loaded_version(), &t); !s.is_ok()) return s;
   std::lock_guard lock(core_->mu);
   if (core_->initialized_locked() && !(t == core_->hints())) {
     std::string keys;
@@ -350,15 +397,15 @@ Status create_nccl_backend(std::shared_ptr<NcclApi> api, const BackendInit& init
     return {ErrorCode::kInvalidArgument, "nccl backend: no store to exchange the NCCL unique id"};
   }
   TranslatedHints t;
-  if (Status s = translate_hints(init.hints, NCCL_VERSION_CODE, &t); !s.is_ok()) return s;
+  if (Status s = translate_hints(init.hints, api->loaded_version(), &t); !s.is_ok()) return s;
   auto core = std::make_shared<Core>(std::move(api), init, init.hints, std::move(t));
   *out = std::make_unique<NcclBackend>(std::move(core), options);
   return {};
 }
 
-Status explain_nccl_hints(const Hints& hints, std::string* json) {
+Status explain_nccl_hints(NcclApi& api, const Hints& hints, std::string* json) {
   TranslatedHints t;
-  if (Status s = translate_hints(hints, NCCL_VERSION_CODE, &t); !s.is_ok()) return s;
+  if (Status s = translate_hints(hints, api.loaded_version(), &t); !s.is_ok()) return s;
   *json = explain_json(t);
   return {};
 }

@@ -46,7 +46,7 @@ Status create_nccl_backend(std::shared_ptr<NcclApi> api, const plugin::BackendIn
                            std::unique_ptr<plugin::Backend>* out,
                            NcclBackendOptions options = {});
 
-// The descriptor's dry run: translate for the linked NCCL and render JSON.
-Status explain_nccl_hints(const Hints& hints, std::string* json);
+// The descriptor's dry run: translate for the loaded NCCL and render JSON.
+Status explain_nccl_hints(NcclApi& api, const Hints& hints, std::string* json);
 
 }  // namespace comms::nccl

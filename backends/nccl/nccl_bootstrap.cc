@@ -22,7 +22,7 @@ Status Core::init_locked() {
   }
   ncclUniqueId id;
   if (Status s = exchange_unique_id(&id); !s.is_ok()) return s;
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  NcclConfig config = initial_config(api_->loaded_version());
   effective_ = effective_fields();
   apply_to_config(effective_, &config);
   ncclComm_t comm = nullptr;
@@ -30,7 +30,7 @@ Status Core::init_locked() {
   ncclResult_t r = api_->comm_init_rank_config(&comm, init_.size, id, init_.rank, &config);
   if (Status s = settle(comm, r, deadline, "ncclCommInitRankConfig"); !s.is_ok()) {
     if (comm) api_->comm_abort(comm);
-    if (s.code == ErrorCode::kTimeout) {
+    if (s.code == ErrorCode::kTimeout && Clock::now() >= deadline) {  // ours, not ncclTimeout
       s.message = "NCCL communicator init (rank " + std::to_string(init_.rank) + " of " +
                   std::to_string(init_.size) + ", cuda:" + std::to_string(device_) +
                   ") did not finish within " + ms_text(init_.init_timeout) +
@@ -87,7 +87,7 @@ Status Core::split_locked(int color, int key, const NcclConfigFields& child_fiel
     return {ErrorCode::kAborted, "the NCCL communicator failed earlier: " + failure_.message};
   }
   const NcclConfigFields fields = plugin_config_fields(child_fields, child_name);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  NcclConfig config = initial_config(api_->loaded_version());
   apply_to_config(fields, &config);
   DeviceGuard guard(*api_, device_);
   const auto deadline = Clock::now() + timeout;
@@ -103,7 +103,7 @@ Status Core::split_locked(int color, int key, const NcclConfigFields& child_fiel
   if (s.is_ok() && out) s = settle(out, ncclInProgress, deadline, "ncclCommSplit (the new communicator)");
   if (!s.is_ok()) {
     if (out) api_->comm_abort(out);
-    if (s.code == ErrorCode::kTimeout) {
+    if (s.code == ErrorCode::kTimeout && Clock::now() >= deadline) {  // ours, not ncclTimeout
       s.message = "ncclCommSplit did not finish within " + ms_text(timeout) +
                   "; do all ranks of the parent call split?";
     }

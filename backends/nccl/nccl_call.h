@@ -21,7 +21,8 @@ std::string ms_text(std::chrono::milliseconds ms);
 inline bool accepted(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
 
 // "<what> failed: <NCCL's text> (<last error>)", coded peer_failure for a
-// remote error, invalid_argument for misuse, internal otherwise.
+// remote error, invalid_argument for misuse, timeout for ncclTimeout (NCCL
+// >= 2.30), internal otherwise.
 Status nccl_status(NcclApi& api, ncclComm_t comm, ncclResult_t r, std::string_view what);
 Status cuda_status(NcclApi& api, cudaError_t e, std::string_view what);
 

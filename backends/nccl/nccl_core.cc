@@ -67,6 +67,26 @@ std::string Core::describe_locked() const {
   j["revoked"] = revoked_;
   j["native_shrink"] = api_->has_shrink();
   j["native_revoke"] = api_->has_revoke();
+  // all_to_all, gather and scatter: ncclAlltoAll/ncclGather/ncclScatter, or
+  // grouped send/recv on an NCCL without them.
+  j["native_all_to_all_gather_scatter"] = api_->has_native_collectives();
+  j["windows"] = api_->has_one_sided();
+  j["windows_registered"] = windows_.size();
+  // Offload by suspend: whether the loaded NCCL can (else libcomms destroys
+  // and re-creates), whether the communicator is suspended now, and
+  // ncclCommMemStats around the last suspend and resume.
+  nlohmann::ordered_json suspend;
+  suspend["available"] = api_->has_suspend();
+  suspend["suspended"] = suspended_;
+  suspend["suspends"] = suspends_;
+  suspend["resumes"] = resumes_;
+  auto stats = [](const std::string& text) {
+    return text.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json::parse(text);
+  };
+  suspend["mem_stats_before_suspend"] = stats(mem_before_suspend_);
+  suspend["mem_stats_after_suspend"] = stats(mem_after_suspend_);
+  suspend["mem_stats_after_resume"] = stats(mem_after_resume_);
+  j["suspend"] = suspend;
   j["nccl_config"] = nlohmann::ordered_json::parse(config_json(effective_fields()));
   nlohmann::ordered_json prio;
   prio["class"] = hints_.priority == StreamPriority::kHigh ? "high" : "default";

@@ -8,6 +8,8 @@
 //   nccl_work.cc       completion, deadlines and failure (the watchdog's round)
 //   nccl_teardown.cc   finalize, abort and destroy
 //   nccl_shrink.cc     elastic recovery: revoke and native shrink
+//   nccl_suspend.cc    offload by suspend (ncclCommSuspend/Resume, MemStats)
+//   nccl_window.cc     windows and their one-sided ops (ncclPutSignal & co.)
 //   nccl_core.cc       construction, settling NCCL calls, describe, memory
 // Methods named *_locked need `mu` held.
 #pragma once
@@ -74,6 +76,27 @@ class Core {
   // the watchdog tracks, no events. Refuses (nothing enqueued) an
   // uninitialised or failed comm.
   Status submit_captured_locked(const plugin::OpDesc& op, cudaStream_t stream);
+
+  // --- offload by suspend (nccl_suspend.cc) ---
+  // ncclCommSuspend(NCCL_SUSPEND_MEM): the communicator is kept, its memory
+  // released; registrations and windows are released first (the caller
+  // registers again after resume, as after a re-creation). kUnsupported
+  // naming the loaded NCCL below 2.29. A failure aborts the communicator.
+  // Needs no op in flight (the backend waits for them first).
+  Status suspend_locked();
+  // ncclCommResume: no rendezvous. A failure aborts the communicator.
+  Status resume_locked();
+  bool suspended_locked() const { return suspended_; }
+
+  // --- windows (nccl_window.cc) ---
+  // ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC), collective; the handle
+  // is the ncclWindow_t. kUnsupported below NCCL 2.29.
+  Status register_window_locked(void* data, size_t bytes, void** window);
+  Status deregister_window_locked(void* window);
+  Status submit_window_locked(const plugin::WindowOpDesc& op, std::shared_ptr<WorkState>* out_work);
+  // Deregisters every window still registered (finalize, suspend); errors
+  // are appended to `errors`.
+  void release_windows_locked(std::vector<std::string>* errors);
 
   // --- registered buffers (nccl_registration.cc) ---
   Status register_locked(void* data, size_t bytes, void** handle);
@@ -161,6 +184,16 @@ class Core {
     return plugin_config_fields(hints_.config, init_.comm_name);
   }
   Status enqueue_locked(const plugin::OpDesc& op, Clock::time_point deadline, cudaStream_t stream);
+  // What every eager op does around its NCCL calls: orders the internal
+  // stream after the caller's, runs `launch(deadline)`, records the end
+  // event and queues the Work for the watchdog. `window_op` names a window
+  // op (null for an OpType).
+  template <class Launch>
+  Status run_eager_locked(uint64_t seq, plugin::OpType type, const char* window_op, std::chrono::milliseconds timeout,
+                          void* caller_stream, Launch launch, std::shared_ptr<WorkState>* out_work);
+  // MemStats' figures of the communicator ("suspendable", "persistent",
+  // "total" bytes and "suspended"), null where NCCL has no MemStats.
+  std::string mem_stats_json_locked();
 
   std::shared_ptr<NcclApi> api_;
   plugin::BackendInit init_;
@@ -178,6 +211,14 @@ class Core {
   void* scratch_ = nullptr;
   std::deque<std::shared_ptr<WorkState>> outstanding_;
   std::set<void*> registered_;  // ncclCommRegister handles on comm_
+  // ncclCommWindowRegister handles on comm_, in registration order: the
+  // release at finalize/suspend deregisters (collectively) in the order
+  // every rank shares, not in the order of the handles' addresses.
+  std::vector<ncclWindow_t> windows_;
+  bool suspended_ = false;          // ncclCommSuspend'ed (or a lazy comm offloaded by suspend)
+  // What the last suspend/resume saw (describe()): MemStats as JSON text, "" before any.
+  std::string mem_before_suspend_, mem_after_suspend_, mem_after_resume_;
+  int suspends_ = 0, resumes_ = 0;
   std::shared_ptr<EventPool> events_;
   Status failure_;
   std::atomic<bool> abort_requested_{false};
@@ -185,5 +226,52 @@ class Core {
   bool revoked_ = false;  // comm_ is revoked (ncclCommRevoke), not aborted
   const char* created_by_ = "ncclCommInitRankConfig";
 };
+
+template <class Launch>
+Status Core::run_eager_locked(uint64_t seq, plugin::OpType type, const char* window_op,
+                              std::chrono::milliseconds timeout, void* caller_stream, Launch launch,
+                              std::shared_ptr<WorkState>* out_work) {
+  if (!failure_.is_ok()) return failed_earlier("");
+  if (abort_requested_) return {ErrorCode::kAborted, "the comm was aborted"};
+  if (timeout.count() <= 0) timeout = op_timeout_;
+  const auto deadline = Clock::now() + timeout;
+  DeviceGuard guard(*api_, device_);
+  if (cudaError_t e = guard.status(); e != cudaSuccess) {
+    return cuda_status(*api_, e, "cudaSetDevice");
+  }
+  auto caller = static_cast<cudaStream_t>(caller_stream);
+  if (cudaError_t e = api_->event_record(caller_ready_, caller); e != cudaSuccess) {
+    return cuda_status(*api_, e, "cudaEventRecord on the caller's stream");
+  }
+  if (cudaError_t e = api_->stream_wait_event(stream_, caller_ready_); e != cudaSuccess) {
+    return cuda_status(*api_, e, "cudaStreamWaitEvent on the internal stream");
+  }
+  if (Status s = launch(deadline); !s.is_ok()) {
+    if (s.code == ErrorCode::kTimeout || s.code == ErrorCode::kPeerFailure ||
+        s.code == ErrorCode::kInternal) {
+      fail_locked(s, nullptr);
+    }
+    return s;
+  }
+  auto work = std::make_shared<WorkState>();
+  work->events = events_;
+  work->seq = seq;
+  work->type = type;
+  work->window_op = window_op;
+  work->timeout = timeout;
+  work->deadline = deadline;
+  if (cudaError_t e = events_->take(&work->end); e != cudaSuccess) {
+    work->end = nullptr;
+    return cuda_status(*api_, e, "cudaEventCreate");
+  }
+  if (cudaError_t e = api_->event_record(work->end, stream_); e != cudaSuccess) {
+    return cuda_status(*api_, e, "cudaEventRecord on the internal stream");
+  }
+  // The watchdog finds it at its next round (every watchdog_interval); no
+  // wake-up per op: that cost a futex call and a contended lock per op.
+  outstanding_.push_back(work);
+  *out_work = std::move(work);
+  return {};
+}
 
 }  // namespace comms::nccl

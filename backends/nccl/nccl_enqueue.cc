@@ -18,8 +18,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr bool kHasNativeAllToAllGatherScatter = NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0);
-
 // What launching one op needs: the op, the communicator and stream it runs on,
 // and NCCL's answers as Status. Built under Core::mu.
 struct Launch {
@@ -221,9 +219,12 @@ Status check_pair(const Launch& l, ncclResult_t a, ncclResult_t b) {
   return nccl_status(l.api, l.c, accepted(a) ? b : a, "ncclSend/ncclRecv");
 }
 
+// all_to_all, gather and scatter: NCCL's own call where the loaded NCCL has
+// it (>= 2.28, which also runs them without CTAs under cta_policy=zero),
+// else grouped send/recv.
 Status launch_all_to_all(const Launch& l) {
   const size_t n = l.op.count;
-  if constexpr (kHasNativeAllToAllGatherScatter) {
+  if (l.api.has_native_collectives()) {
     return l.call(l.api.all_to_all(l.op.input, l.op.output, n, l.cdt, l.c, l.s));
   }
   return l.grouped([&]() -> Status {
@@ -259,7 +260,7 @@ Status launch_all_to_all_v(const Launch& l) {
 Status launch_gather(const Launch& l) {
   const OpDesc& op = l.op;
   const size_t n = op.count;
-  if constexpr (kHasNativeAllToAllGatherScatter) {
+  if (l.api.has_native_collectives()) {
     return l.call(l.api.gather(op.input, op.output, n, l.cdt, op.root, l.c, l.s));
   }
   return l.grouped([&]() -> Status {
@@ -282,7 +283,7 @@ Status launch_gather(const Launch& l) {
 Status launch_scatter(const Launch& l) {
   const OpDesc& op = l.op;
   const size_t n = op.count;
-  if constexpr (kHasNativeAllToAllGatherScatter) {
+  if (l.api.has_native_collectives()) {
     return l.call(l.api.scatter(op.input, op.output, n, l.cdt, op.root, l.c, l.s));
   }
   return l.grouped([&]() -> Status {
@@ -385,46 +386,9 @@ Status Core::enqueue_locked(const OpDesc& op, Clock::time_point deadline, cudaSt
 }
 
 Status Core::submit_locked(const OpDesc& op, std::shared_ptr<WorkState>* out_work) {
-  if (!failure_.is_ok()) return failed_earlier("");
-  if (abort_requested_) return {ErrorCode::kAborted, "the comm was aborted"};
-  const milliseconds timeout = op.timeout.count() > 0 ? op.timeout : op_timeout_;
-  const auto deadline = Clock::now() + timeout;
-  DeviceGuard guard(*api_, device_);
-  if (cudaError_t e = guard.status(); e != cudaSuccess) {
-    return cuda_status(*api_, e, "cudaSetDevice");
-  }
-  auto caller = static_cast<cudaStream_t>(op.stream);
-  if (cudaError_t e = api_->event_record(caller_ready_, caller); e != cudaSuccess) {
-    return cuda_status(*api_, e, "cudaEventRecord on the caller's stream");
-  }
-  if (cudaError_t e = api_->stream_wait_event(stream_, caller_ready_); e != cudaSuccess) {
-    return cuda_status(*api_, e, "cudaStreamWaitEvent on the internal stream");
-  }
-  if (Status s = enqueue_locked(op, deadline, stream_); !s.is_ok()) {
-    if (s.code == ErrorCode::kTimeout || s.code == ErrorCode::kPeerFailure ||
-        s.code == ErrorCode::kInternal) {
-      fail_locked(s, nullptr);
-    }
-    return s;
-  }
-  auto work = std::make_shared<WorkState>();
-  work->events = events_;
-  work->seq = op.seq;
-  work->type = op.type;
-  work->timeout = timeout;
-  work->deadline = deadline;
-  if (cudaError_t e = events_->take(&work->end); e != cudaSuccess) {
-    work->end = nullptr;
-    return cuda_status(*api_, e, "cudaEventCreate");
-  }
-  if (cudaError_t e = api_->event_record(work->end, stream_); e != cudaSuccess) {
-    return cuda_status(*api_, e, "cudaEventRecord on the internal stream");
-  }
-  // The watchdog finds it at its next round (every watchdog_interval); no
-  // wake-up per op: that cost a futex call and a contended lock per op.
-  outstanding_.push_back(work);
-  *out_work = std::move(work);
-  return {};
+  return run_eager_locked(
+      op.seq, op.type, nullptr, op.timeout, op.stream,
+      [&](Clock::time_point deadline) { return enqueue_locked(op, deadline, stream_); }, out_work);
 }
 
 }  // namespace comms::nccl

@@ -13,6 +13,10 @@ namespace comms::nccl {
 namespace {
 
 constexpr int kCtaPolicyZeroVersion = 22800;
+// Upper bounds of our own (NCCL only requires >= 0 / > 0): a value past
+// them is a typo, not a configuration.
+constexpr int kMaxRmaCtx = 64;
+constexpr int kMaxP2pPeers = 1 << 20;
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -81,7 +85,7 @@ Status parse_cta_policy(std::string_view key, std::string_view value, int versio
   if (policy == 2 && version < kCtaPolicyZeroVersion) {
     return invalid(key, value,
                    "the zero CTA policy needs NCCL >= " + nccl_version_string(kCtaPolicyZeroVersion) +
-                       "; this build links NCCL " + nccl_version_string(version));
+                       "; the loaded NCCL is " + nccl_version_string(version));
   }
   *out = policy;
   return {};
@@ -138,6 +142,86 @@ std::optional<std::string> canonical_net_name(std::string_view name) {
   return std::nullopt;
 }
 
+namespace {
+
+// One key (known, and available at `version`) into `t`.
+Status parse_key(std::string_view key, const std::string& value, int version, TranslatedHints* t) {
+  NcclConfigFields& c = t->config;
+  Status s;
+  if (key == "blocking") {
+    bool b = true;
+    s = parse_bool(key, value, &b);
+    // Communicators are always created non-blocking so that init and every
+    // enqueue are bounded by the comm's timeouts; a blocking NCCL call could
+    // hang forever on a dead peer.
+    if (s.is_ok() && b) {
+      s = invalid(key, value,
+                  "the nccl backend always creates non-blocking communicators so that init "
+                  "and ops are bounded by their timeouts; only blocking=0 is accepted");
+    }
+    if (s.is_ok()) c.blocking = 0;
+  } else if (key == "cga_cluster_size") {
+    s = parse_range(key, value, 0, 8, &c.cga_cluster_size);
+  } else if (key == "min_ctas") {
+    s = parse_range(key, value, 1, kMaxCtas, &c.min_ctas);
+  } else if (key == "max_ctas") {
+    s = parse_range(key, value, 1, kMaxCtas, &c.max_ctas);
+  } else if (key == "net_name") {
+    auto name = canonical_net_name(value);
+    if (!name) {
+      s = invalid(key, value,
+                  "unknown network (or not printable); NCCL's built-in ones are IB and Socket (add a net "
+                  "plugin's names to COMMS_NCCL_NET_NAMES)");
+    } else {
+      c.net_name = *name;
+    }
+  } else if (key == "split_share") {
+    s = parse_flag(key, value, &c.split_share);
+  } else if (key == "traffic_class") {
+    s = parse_range(key, value, 0, 255, &c.traffic_class);
+  } else if (key == "comm_name") {
+    const std::string v = trim(value);
+    const bool printable = std::all_of(v.begin(), v.end(), [](unsigned char ch) {
+      return std::isprint(ch) != 0;
+    });
+    if (v.empty() || !printable) {
+      s = invalid(key, value, "must be a non-empty printable name");
+    } else {
+      c.comm_name = v;
+    }
+  } else if (key == "collnet_enable") {
+    s = parse_flag(key, value, &c.collnet_enable);
+  } else if (key == "cta_policy") {
+    int p = 0;
+    s = parse_cta_policy(key, value, version, &p);
+    if (s.is_ok()) c.cta_policy = p;
+  } else if (key == "shrink_share") {
+    s = parse_flag(key, value, &c.shrink_share);
+  } else if (key == "nvls_ctas") {
+    s = parse_range(key, value, 1, kMaxCtas, &c.nvls_ctas);
+  } else if (key == "nchannels_per_net_peer") {
+    s = parse_range(key, value, 1, kMaxCtas, &c.nchannels_per_net_peer);
+  } else if (key == "nvlink_centric_sched") {
+    s = parse_flag(key, value, &c.nvlink_centric_sched);
+  } else if (key == "graph_usage_mode") {
+    // The values NCCL's parseCommConfig accepts (2, its default, lets graphs mix with eager ops).
+    s = parse_range(key, value, 0, 2, &c.graph_usage_mode);
+  } else if (key == "num_rma_ctx") {
+    s = parse_range(key, value, 0, kMaxRmaCtx, &c.num_rma_ctx);
+  } else if (key == "max_p2p_peers") {
+    s = parse_range(key, value, 1, kMaxP2pPeers, &c.max_p2p_peers);
+  } else if (key == "graph_stream_ordering") {
+    s = parse_flag(key, value, &c.graph_stream_ordering);
+  } else if (key == "high_priority_stream") {
+    bool b = false;
+    s = parse_bool(key, value, &b);
+    if (s.is_ok()) t->priority = b ? StreamPriority::kHigh : StreamPriority::kDefault;
+  }
+  return s;
+}
+
+}  // namespace
+
 Status translate_hints(const Hints& hints, int version, TranslatedHints* out) {
   // The core refuses "k" with "nccl.k" when it routes hints; the plugin
   // must not let one silently win either, whoever calls it.
@@ -161,70 +245,9 @@ Status translate_hints(const Hints& hints, int version, TranslatedHints* out) {
       return {ErrorCode::kUnsupported,
               "nccl hint " + std::string(key) + "=" + value + ": needs NCCL >= " +
                   nccl_version_string(needed) + " (ncclConfig_t has no such field before it); "
-                  "this build links NCCL " + nccl_version_string(version)};
+                  "the loaded NCCL is " + nccl_version_string(version)};
     }
-    Status s;
-    if (key == "blocking") {
-      bool b = true;
-      s = parse_bool(key, value, &b);
-      // Communicators are always created non-blocking so that init and every
-      // enqueue are bounded by the comm's timeouts; a blocking NCCL call could
-      // hang forever on a dead peer.
-      if (s.is_ok() && b) {
-        s = invalid(key, value,
-                    "the nccl backend always creates non-blocking communicators so that init "
-                    "and ops are bounded by their timeouts; only blocking=0 is accepted");
-      }
-      if (s.is_ok()) c.blocking = 0;
-    } else if (key == "cga_cluster_size") {
-      s = parse_range(key, value, 0, 8, &c.cga_cluster_size);
-    } else if (key == "min_ctas") {
-      s = parse_range(key, value, 1, kMaxCtas, &c.min_ctas);
-    } else if (key == "max_ctas") {
-      s = parse_range(key, value, 1, kMaxCtas, &c.max_ctas);
-    } else if (key == "net_name") {
-      auto name = canonical_net_name(value);
-      if (!name) {
-        s = invalid(key, value,
-                    "unknown network (or not printable); NCCL's built-in ones are IB and Socket (add a net "
-                    "plugin's names to COMMS_NCCL_NET_NAMES)");
-      } else {
-        c.net_name = *name;
-      }
-    } else if (key == "split_share") {
-      s = parse_flag(key, value, &c.split_share);
-    } else if (key == "traffic_class") {
-      s = parse_range(key, value, 0, 255, &c.traffic_class);
-    } else if (key == "comm_name") {
-      const std::string v = trim(value);
-      const bool printable = std::all_of(v.begin(), v.end(), [](unsigned char ch) {
-        return std::isprint(ch) != 0;
-      });
-      if (v.empty() || !printable) {
-        s = invalid(key, value, "must be a non-empty printable name");
-      } else {
-        c.comm_name = v;
-      }
-    } else if (key == "collnet_enable") {
-      s = parse_flag(key, value, &c.collnet_enable);
-    } else if (key == "cta_policy") {
-      int p = 0;
-      s = parse_cta_policy(key, value, version, &p);
-      if (s.is_ok()) c.cta_policy = p;
-    } else if (key == "shrink_share") {
-      s = parse_flag(key, value, &c.shrink_share);
-    } else if (key == "nvls_ctas") {
-      s = parse_range(key, value, 1, kMaxCtas, &c.nvls_ctas);
-    } else if (key == "nchannels_per_net_peer") {
-      s = parse_range(key, value, 1, kMaxCtas, &c.nchannels_per_net_peer);
-    } else if (key == "nvlink_centric_sched") {
-      s = parse_flag(key, value, &c.nvlink_centric_sched);
-    } else if (key == "high_priority_stream") {
-      bool b = false;
-      s = parse_bool(key, value, &b);
-      if (s.is_ok()) t.priority = b ? StreamPriority::kHigh : StreamPriority::kDefault;
-    }
-    if (!s.is_ok()) return s;
+    if (Status s = parse_key(key, value, version, &t); !s.is_ok()) return s;
   }
   if (c.min_ctas && c.max_ctas && *c.min_ctas > *c.max_ctas) {
     return {ErrorCode::kInvalidArgument,
@@ -277,6 +300,10 @@ nlohmann::ordered_json config_object(const NcclConfigFields& c) {
   put("nvls_ctas", c.nvls_ctas);
   put("nchannels_per_net_peer", c.nchannels_per_net_peer);
   put("nvlink_centric_sched", c.nvlink_centric_sched);
+  put("graph_usage_mode", c.graph_usage_mode);
+  put("num_rma_ctx", c.num_rma_ctx);
+  put("max_p2p_peers", c.max_p2p_peers);
+  put("graph_stream_ordering", c.graph_stream_ordering);
   return j;
 }
 

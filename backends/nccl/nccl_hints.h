@@ -24,16 +24,20 @@ inline constexpr int kMaxCtas = 64;
 // The plugin's one key table: the keys it accepts (no "nccl." prefix), in
 // ncclConfig_t order, then the stream key, each with the first NCCL release
 // (as NCCL_VERSION_CODE) whose ncclConfig_t has its field; 0 for keys that
-// are not config fields. nccl_api.cc checks at compile time that every key
-// allowed for the linked NCCL has its field, so a wrong entry fails the build
-// rather than a communicator. comms::dist::kOptionSpellings maps torch's and
-// Megatron's names onto these keys (tests/backends/nccl/nccl_options_test.cc).
+// are not config fields. A key is refused when the NCCL loaded at run time is
+// older than its entry. The plugin fills its own copy of the newest layout it
+// knows (NcclConfig, nccl_api.h), so a key needs no field in the header built
+// against; nccl_api.cc checks the layout against the header's ncclConfig_t.
+// comms::dist::kOptionSpellings maps torch's and Megatron's names onto these
+// keys (tests/backends/nccl/nccl_options_test.cc).
 inline constexpr HintKeyVersion kHintKeyVersions[] = {
     {"blocking", 21400},
-    {"cga_cluster_size", 21400},
-    {"min_ctas", 21400},
-    {"max_ctas", 21400},
-    {"net_name", 21400},
+    // NCCL reads cgaClusterSize, minCTAs, maxCTAs and netName only from a
+    // config of version >= 2.17 (parseCommConfig in NCCL's init.cc).
+    {"cga_cluster_size", 21700},
+    {"min_ctas", 21700},
+    {"max_ctas", 21700},
+    {"net_name", 21700},
     {"split_share", 21800},
     {"traffic_class", 22700},
     {"comm_name", 22700},
@@ -43,6 +47,10 @@ inline constexpr HintKeyVersion kHintKeyVersions[] = {
     {"nvls_ctas", 22700},
     {"nchannels_per_net_peer", 22800},
     {"nvlink_centric_sched", 22800},
+    {"graph_usage_mode", 22900},
+    {"num_rma_ctx", 22900},
+    {"max_p2p_peers", 23003},
+    {"graph_stream_ordering", 23006},
     {"high_priority_stream", 0},
 };
 
@@ -79,6 +87,10 @@ struct NcclConfigFields {
   std::optional<int> nvls_ctas;
   std::optional<int> nchannels_per_net_peer;
   std::optional<int> nvlink_centric_sched;
+  std::optional<int> graph_usage_mode;
+  std::optional<int> num_rma_ctx;
+  std::optional<int> max_p2p_peers;
+  std::optional<int> graph_stream_ordering;
 
   friend bool operator==(const NcclConfigFields&, const NcclConfigFields&) = default;
 };
@@ -93,8 +105,9 @@ struct TranslatedHints {
 };
 
 // Validates `hints` (keys without prefix) and translates them for an NCCL
-// whose NCCL_VERSION_CODE is `nccl_version_code` (the linked one in
-// production; tests pass older codes to exercise the gating). Every error
+// whose version code is `nccl_version_code` (the loaded library's
+// ncclGetVersion in production; tests pass other codes to exercise the
+// gating). Every error
 // names the key and the value. A key that NCCL lacks is an error, never
 // dropped; so is a key given both bare and prefixed ("k" and "nccl.k").
 Status translate_hints(const Hints& hints, int nccl_version_code, TranslatedHints* out);

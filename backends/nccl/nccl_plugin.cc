@@ -29,7 +29,7 @@ comms::Status create(const comms::plugin::BackendInit& init,
 
 comms::Status explain(const comms::Hints& hints, std::string* json) {
   try {
-    return comms::nccl::explain_nccl_hints(hints, json);
+    return comms::nccl::explain_nccl_hints(*comms::nccl::real_nccl_api(), hints, json);
   } catch (const std::exception& e) {
     return {comms::ErrorCode::kInternal, std::string("explaining nccl hints: ") + e.what()};
   }
@@ -70,7 +70,10 @@ comms_plugin_entry() {
       .create = create,
       .device_count = cuda_device_count,
       .explain_hints = explain,
-      .features = comms::plugin::kFeatureRegisterBuffers | comms::plugin::kFeatureMemAlloc,
+      // Windows: claimed for every NCCL; a backend on an NCCL below 2.29
+      // answers kUnsupported naming the loaded version.
+      .features = comms::plugin::kFeatureRegisterBuffers | comms::plugin::kFeatureMemAlloc |
+                  comms::plugin::kFeatureWindows,
       .mem_alloc = mem_alloc,
       .mem_free = mem_free,
       .env_variables = kEnvVariables,

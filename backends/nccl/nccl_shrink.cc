@@ -91,7 +91,7 @@ Status Core::shrink_locked(std::vector<int> exclude, const NcclConfigFields& chi
   }
   *flags = revoked ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
   const NcclConfigFields fields = plugin_config_fields(child_fields, child_name);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  NcclConfig config = initial_config(api_->loaded_version());
   apply_to_config(fields, &config);
   std::sort(exclude.begin(), exclude.end());
   ncclComm_t out = nullptr;
@@ -111,7 +111,7 @@ Status Core::shrink_locked(std::vector<int> exclude, const NcclConfigFields& chi
   if (s.is_ok()) s = settle(out, ncclInProgress, deadline, "ncclCommShrink (the new communicator)", false);
   if (!s.is_ok()) {
     if (out) api_->comm_abort(out);
-    if (s.code == ErrorCode::kTimeout) {
+    if (s.code == ErrorCode::kTimeout && Clock::now() >= deadline) {  // ours, not ncclTimeout
       s.message = "ncclCommShrink did not finish within " + ms_text(timeout) + "; do all surviving ranks shrink?";
     }
     return give_up(s);

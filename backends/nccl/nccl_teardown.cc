@@ -13,9 +13,17 @@ Status Core::release_locked(bool graceful) {
     // A revoked communicator is only ever aborted: ncclCommFinalize after
     // ncclCommRevoke is invalid, and a peer may still be stuck in it.
     if (revoked_) graceful = false;
+    // A suspended one has nothing in flight (suspend waited for every op),
+    // and NCCL defines no finalize of it: ncclCommAbort releases it without
+    // resuming (which would take its memory back) and without its peers.
+    if (suspended_) graceful = false;
     // Handles the caller left registered; an abort releases them with the comm.
-    if (graceful) deregister_all_locked(&errors);
+    if (graceful) {
+      release_windows_locked(&errors);
+      deregister_all_locked(&errors);
+    }
     registered_.clear();
+    windows_.clear();
     if (graceful) {
       const auto deadline = Clock::now() + op_timeout_;
       ncclResult_t r = api_->comm_finalize(comm_);
@@ -34,6 +42,7 @@ Status Core::release_locked(bool graceful) {
     comm_ = nullptr;
     revoked_ = false;
   }
+  suspended_ = false;
   if (scratch_) {
     if (cudaError_t e = api_->free_device(scratch_); e != cudaSuccess) {
       errors.push_back(cuda_status(*api_, e, "cudaFree of the barrier scratch").message);

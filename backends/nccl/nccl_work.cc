@@ -77,6 +77,8 @@ void Core::fail_locked(Status cause, WorkState* culprit) {
     }
     comm_ = nullptr;
     registered_.clear();  // released with the aborted communicator
+    windows_.clear();
+    suspended_ = false;
   }
   log(3, cause.message);
   if (init_.abort_process_on_error && cause.code != ErrorCode::kAborted && cause.code != ErrorCode::kRevoked) {
@@ -96,6 +98,7 @@ void Core::request_abort(const std::string& reason) {
     comm_ = nullptr;
     revoked_ = false;
     registered_.clear();
+    windows_.clear();
   }
   fail_locked({ErrorCode::kAborted, "comm aborted: " + reason}, nullptr);
 }

@@ -70,6 +70,7 @@ struct WorkState {
   std::shared_ptr<EventPool> events;
   uint64_t seq = 0;
   plugin::OpType type = plugin::OpType::kBarrier;
+  const char* window_op = nullptr;  // a window op's name, which `type` cannot say
   cudaEvent_t end = nullptr;
   std::chrono::milliseconds timeout{0};
   Clock::time_point deadline;
@@ -81,7 +82,7 @@ struct WorkState {
     if (end) events->give(end);
   }
   std::string label() const {
-    return std::string(plugin::op_name(type)) + " #" + std::to_string(seq);
+    return (window_op ? std::string(window_op) : std::string(plugin::op_name(type))) + " #" + std::to_string(seq);
   }
 };
 

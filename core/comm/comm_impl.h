@@ -81,6 +81,12 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     // Device memory in use after the last offload released the backend
     // (measured between its finalize and its destruction); -1 if unknown.
     int64_t memory_after_offload = -1;
+    // How the last offload went: "suspend" (Backend::suspend, ABI 2.6: the
+    // backend is kept, offloaded, and resume()d by the reload, without a
+    // rendezvous) or "destroy" (finalize, re-created by the reload); null
+    // before any. `suspended`: the kept backend is suspended now.
+    const char* offload_mode = nullptr;
+    bool suspended = false;
     // supports_reduction's answers for the backend of generation
     // `reductions_generation` (-1: none asked yet; a reload's new backend is
     // asked again): per ReduceKind, one bit per DataType. Relaxed atomics:

@@ -79,7 +79,18 @@ bool Comm::Impl::offload(DeviceType t) {
   DeviceBackend& s = device_backend(t);
   const BackendState st = s.state.load();
   if (st != BackendState::kReady && st != BackendState::kLazy) return false;
-  const Status result = internal::call_plugin(s.plugin->name, "finalize", [&] { return s.backend->finalize(); });
+  // Suspend where the plugin can (ABI 2.6: NCCL >= 2.29 keeps its
+  // communicator); kUnsupported falls back to finalize and re-creation.
+  const char* mode = "destroy";
+  Status result{ErrorCode::kUnsupported, ""};
+  if (plugin::abi_minor(s.plugin->descriptor->abi_version) >= 6) {
+    result = internal::call_plugin(s.plugin->name, "suspend", [&] { return s.backend->suspend(); });
+  }
+  if (result.code != ErrorCode::kUnsupported) {
+    mode = "suspend";
+  } else {
+    result = internal::call_plugin(s.plugin->name, "finalize", [&] { return s.backend->finalize(); });
+  }
   // What the device holds now that the backend released it: measured before
   // the object goes (after, nothing is left to ask).
   int64_t after = -1;
@@ -95,11 +106,13 @@ bool Comm::Impl::offload(DeviceType t) {
     s.failure = str::cat("offload failed: ", result.message);
     s.state = BackendState::kFailed;
     throw error(result.code,
-                str::cat("offloading the ", s.plugin->name, " backend for ", to_string(t),
-                         " failed; its resources may not be released: ", result.message),
+                str::cat("offloading the ", s.plugin->name, " backend for ", to_string(t), " (", mode,
+                         ") failed; its resources may not be released: ", result.message),
                 "offload");
   }
-  s.backend.reset();
+  s.suspended = mode == std::string_view("suspend");
+  if (!s.suspended) s.backend.reset();
+  s.offload_mode = mode;
   s.memory_after_offload = after;
   s.offloaded_while_lazy = st == BackendState::kLazy;
   s.state = BackendState::kOffloaded;
@@ -111,21 +124,35 @@ bool Comm::Impl::reload(DeviceType t) {
   if (s.state.load() != BackendState::kOffloaded) return false;
   ++s.generation;
   std::unique_ptr<plugin::Backend> backend;
-  Status st = internal::call_plugin(
-      s.plugin->name, "create", [&] { return s.plugin->descriptor->create(init_for(t), &backend); }, backend,
-      "backend");
-  // A backend that never connected comes back unconnected, as it was.
-  if (st.is_ok() && !s.offloaded_while_lazy) {
-    st = internal::call_plugin(s.plugin->name, "init", [&] { return backend->init(); });
+  Status st;
+  if (s.suspended) {
+    // The kept backend comes back without a rendezvous; a lazy one stays lazy.
+    st = internal::call_plugin(s.plugin->name, "resume", [&] { return s.backend->resume(); });
+  } else {
+    st = internal::call_plugin(
+        s.plugin->name, "create", [&] { return s.plugin->descriptor->create(init_for(t), &backend); }, backend,
+        "backend");
+    // A backend that never connected comes back unconnected, as it was.
+    if (st.is_ok() && !s.offloaded_while_lazy) {
+      st = internal::call_plugin(s.plugin->name, "init", [&] { return backend->init(); });
+    }
   }
   if (!st.is_ok()) {
+    if (s.suspended) {
+      // The backend aborted its communicator: the comm cannot run ops.
+      std::lock_guard<std::mutex> lock(state_mu_);
+      s.failure = str::cat("reload (resume) failed: ", st.message);
+      s.state = BackendState::kFailed;
+      s.suspended = false;
+    }
     throw error(st.code,
                 str::cat("reloading the ", s.plugin->name, " backend for ", to_string(t), " failed: ", st.message),
                 "reload");
   }
   {
     std::lock_guard<std::mutex> lock(state_mu_);
-    s.backend = std::move(backend);
+    if (!s.suspended) s.backend = std::move(backend);
+    s.suspended = false;
     s.memory_after_offload = -1;
     s.state = s.offloaded_while_lazy ? BackendState::kLazy : BackendState::kReady;
   }
@@ -150,6 +177,14 @@ int64_t Comm::Impl::device_memory_used(DeviceType t) const {
 
 void Comm::Impl::reload_by_split(Impl* child, Impl& parent, DeviceType t, const std::vector<int>& parent_ranks) {
   DeviceBackend& ps = parent.device_backend(t);
+  // A child offloaded by suspend kept its communicator: it resumes, with no
+  // split. A non-member cannot see the child; it follows the parent's last
+  // offload, which ran on the same plugin (and so NCCL) as the members'.
+  if (child && child->device_backend(t).suspended) {
+    child->reload(t);
+    return;
+  }
+  if (!child && ps.offload_mode && std::string_view(ps.offload_mode) == "suspend") return;
   if (ps.state.load() != BackendState::kReady && ps.state.load() != BackendState::kLazy) {
     throw parent.error(ErrorCode::kAborted,
                        str::cat("cannot re-split its ", to_string(t), " backend: it is ",

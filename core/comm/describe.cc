@@ -37,6 +37,10 @@ std::string Comm::Impl::describe() const {
     b["plugin_version"] = s.plugin ? s.plugin->descriptor->version : "";
     b["device"] = s.device.to_string();
     b["state"] = std::string(to_string(s.state.load()));
+    // While offloaded: how ("suspend": the backend is kept and a reload
+    // resumes it; "destroy": a reload re-creates it). Absent otherwise, so
+    // that describe() reads the same before and after a cycle.
+    if (s.state.load() == BackendState::kOffloaded && s.offload_mode) b["offload"] = s.offload_mode;
     b["hints"] = json::object();
     for (const auto& [k, v] : s.hints) b["hints"][k] = v;
     b["config"] = nullptr;

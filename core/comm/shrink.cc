@@ -66,7 +66,11 @@ bool Comm::Impl::shrink_natively(Impl& child, const std::vector<int>& members) {
     const auto t = static_cast<DeviceType>(i);
     if (!config_.spec.has(t)) continue;
     DeviceBackend& parent = device_backend(t);
-    if (!parent.backend || plugin::abi_minor(parent.plugin->descriptor->abi_version) < 3) return false;
+    // An offloaded parent (a suspended backend is kept) is re-created instead.
+    if (!parent.backend || parent.state.load() == BackendState::kOffloaded ||
+        plugin::abi_minor(parent.plugin->descriptor->abi_version) < 3) {
+      return false;
+    }
     DeviceBackend& cs = child.device_backend(t);
     cs.plugin = parent.plugin;
     cs.hints = routed[i];

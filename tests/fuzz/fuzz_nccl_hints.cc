@@ -34,7 +34,7 @@ using comms::Hints;
 using comms::nccl::TranslatedHints;
 
 // The oldest supported NCCL, each release that added keys, and a newer one.
-constexpr int kVersions[] = {21400, 21800, 22700, 22800, 22809, 23000};
+constexpr int kVersions[] = {21400, 21700, 21800, 22700, 22800, 22809, 22900, 23003, 23006, 23203};
 
 std::string bare(const std::string& key) { return key.starts_with("nccl.") ? key.substr(5) : key; }
 
@@ -48,7 +48,9 @@ void check_ranges(const TranslatedHints& t, const Hints& h) {
   FUZZ_CHECK(in(c.blocking, 0, 0) && in(c.cga_cluster_size, 0, 8) && in(c.min_ctas, 1, 64) &&
                  in(c.max_ctas, 1, 64) && in(c.split_share, 0, 1) && in(c.traffic_class, 0, 255) &&
                  in(c.collnet_enable, 0, 1) && in(c.cta_policy, 0, 2) && in(c.shrink_share, 0, 1) &&
-                 in(c.nvls_ctas, 1, 64) && in(c.nchannels_per_net_peer, 1, 64) && in(c.nvlink_centric_sched, 0, 1),
+                 in(c.nvls_ctas, 1, 64) && in(c.nchannels_per_net_peer, 1, 64) && in(c.nvlink_centric_sched, 0, 1) &&
+                 in(c.graph_usage_mode, 0, 2) && in(c.num_rma_ctx, 0, 64) && in(c.max_p2p_peers, 1, 1 << 20) &&
+                 in(c.graph_stream_ordering, 0, 1),
              "a field out of NCCL's range from " + describe(h));
   FUZZ_CHECK(!c.min_ctas || !c.max_ctas || *c.min_ctas <= *c.max_ctas, "min_ctas > max_ctas from " + describe(h));
   if (c.comm_name) {

@@ -96,6 +96,27 @@ TEST(BenchNcclTable, MinCtasAloneGetsNcclsDefaultMaxCtas) {
   EXPECT_EQ(config.maxCTAs, 64);
 }
 
+// NCCL 2.29's and 2.30's keys: set where comms-bench's nccl.h has the
+// field, refused (never dropped) where it does not.
+TEST(BenchNcclTable, AFieldTheHeaderLacksIsRefusedNotDropped) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  std::vector<std::string> strings;
+  const auto reported = nlohmann::json::parse(R"({"graph_usage_mode": 1, "graph_stream_ordering": 0})");
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 30, 6)
+  apply_nccl_config(reported, &config, &strings);
+  EXPECT_EQ(config.graphUsageMode, 1);
+  EXPECT_EQ(config.graphStreamOrdering, 0);
+#else
+  try {
+    apply_nccl_config(reported, &config, &strings);
+    FAIL() << "a field this nccl.h lacks was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_THAT(e.what(), HasSubstr("lacks"));
+  }
+#endif
+}
+
 TEST(BenchNcclTable, AConfigFieldItDoesNotKnowIsRefused) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   std::vector<std::string> strings;

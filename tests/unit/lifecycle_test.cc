@@ -85,6 +85,116 @@ TEST_F(Lifecycle, TheOffloadReportMeasuresTheDeviceBeforeAndAfterTheBackendIsRel
   EXPECT_EQ(again.device_memory_after, std::optional<int64_t>(1 << 20));
 }
 
+nlohmann::json cuda_of(const Group& g) { return nlohmann::json::parse(g.describe())["comm"]["backends"]["cuda"]; }
+
+// A plugin of ABI 2.6 that can suspend keeps its backend across the offload:
+// the reload resumes it (no create(), so no rendezvous), with every option.
+TEST_F(Lifecycle, OffloadBySuspendKeepsTheBackendAndTheReloadResumesIt) {
+  InitOptions init = one_rank("cpu:gloo,cuda:fakegpu");
+  init.options.hints["fakegpu.memory_used"] = "4096";
+  init.options.hints["fakegpu.suspend"] = "1";
+  init.timeout = std::chrono::seconds(55);
+  Session session(init);
+  Group w = world();
+  const int creates = cuda_of(w)["config"]["creates"];
+  const int suspends = cuda_of(w)["config"]["suspends"];
+  const int resumes = cuda_of(w)["config"]["resumes"];
+  EXPECT_FALSE(cuda_of(w).contains("offload"));
+
+  OffloadReport r = offload_groups();
+  EXPECT_EQ(r.communicators_destroyed, 1);
+  EXPECT_EQ(r.device_memory_before, std::optional<int64_t>((1 << 20) + 4096));
+  EXPECT_EQ(r.device_memory_after, std::optional<int64_t>(1 << 20)) << r.to_string();
+  EXPECT_EQ(w->backend_state(DeviceType::kCuda), BackendState::kOffloaded);
+  nlohmann::json j = cuda_of(w);
+  EXPECT_EQ(j["offload"], "suspend");
+  EXPECT_EQ(j["config"]["suspends"], suspends + 1) << "the kept backend still describes itself";
+  EXPECT_EQ(offload_groups().communicators_destroyed, 0) << "offloading twice did work twice";
+
+  ReloadReport back = reload_groups();
+  EXPECT_EQ(back.communicators_created, 1);
+  EXPECT_EQ(reload_groups().communicators_created, 0) << "reloading twice did work twice";
+  j = cuda_of(w);
+  EXPECT_EQ(j["config"]["resumes"], resumes + 1);
+  EXPECT_EQ(j["config"]["creates"], creates) << "a resume must not re-create (rendezvous) the backend";
+  EXPECT_FALSE(j.contains("offload")) << "said only while offloaded";
+  EXPECT_EQ(w->backend_state(DeviceType::kCuda), BackendState::kLazy);
+  EXPECT_EQ(nlohmann::json::parse(w.describe())["comm"]["op_timeout_ms"], 55000);
+  EXPECT_EQ(offload_groups().device_memory_before, std::optional<int64_t>((1 << 20) + 4096))
+      << "the resumed backend holds its memory again";
+}
+
+// A group carved by split and offloaded by suspend comes back by resume,
+// not by splitting the parent again.
+TEST_F(Lifecycle, ASuspendedSplitChildResumesInsteadOfSplittingAgain) {
+  setenv("COMMS_ROUTE", "split", 1);
+  InitOptions init = one_rank("cpu:gloo,cuda:fakegpu");
+  init.options.hints["fakegpu.suspend"] = "1";
+  {
+    Session session(init);
+    GroupOptions o;
+    o.options.hints["fakegpu.suspend"] = "1";
+    Group g = new_group(std::vector<int>{0}, o);
+    ASSERT_EQ(g.route(), Route::kSplit);
+    const int suspends = cuda_of(g)["config"]["suspends"];
+    const int resumes = cuda_of(g)["config"]["resumes"];
+    const BackendState state = g->backend_state(DeviceType::kCuda);
+    offload_groups();
+    EXPECT_EQ(cuda_of(g)["offload"], "suspend");
+    EXPECT_EQ(cuda_of(g)["config"]["suspends"], suspends + 2) << "the world and the group";
+    ReloadReport back = reload_groups();
+    EXPECT_EQ(back.communicators_created, 2);
+    EXPECT_EQ(cuda_of(g)["config"]["resumes"], resumes + 2) << "the group resumed, not re-split";
+    EXPECT_EQ(g->backend_state(DeviceType::kCuda), state);
+  }
+  unsetenv("COMMS_ROUTE");
+}
+
+// kUnsupported from suspend() (here: a plugin without the hint) falls back to
+// finalize and re-creation, as for plugins older than ABI 2.6.
+TEST_F(Lifecycle, WithoutSuspendTheOffloadDestroysAndTheReloadRecreates) {
+  InitOptions init = one_rank("cpu:gloo,cuda:fakegpu");
+  init.options.hints["fakegpu.suspend"] = "unsupported";
+  Session session(init);
+  Group w = world();
+  const int creates = cuda_of(w)["config"]["creates"];
+  offload_groups();
+  EXPECT_EQ(cuda_of(w)["offload"], "destroy");
+  EXPECT_TRUE(cuda_of(w)["config"].is_null()) << "the backend is gone";
+  reload_groups();
+  EXPECT_EQ(cuda_of(w)["config"]["creates"], creates + 1);
+}
+
+TEST_F(Lifecycle, AFailedSuspendOrResumeIsRaisedAndFailsTheBackend) {
+  {
+    InitOptions init = one_rank("cpu:gloo,cuda:fakegpu");
+    init.options.hints["fakegpu.suspend"] = "fail";
+    Session session(init);
+    try {
+      offload_groups({DeviceType::kCuda});
+      FAIL() << "a failed suspend was swallowed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInternal);
+      EXPECT_NE(std::string(e.what()).find("(suspend) failed"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("could not suspend"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(world()->backend_state(DeviceType::kCuda), BackendState::kFailed);
+  }
+  InitOptions init = one_rank("cpu:gloo,cuda:fakegpu");
+  init.options.hints["fakegpu.suspend"] = "fail_resume";
+  Session session(init);
+  offload_groups({DeviceType::kCuda});
+  EXPECT_EQ(cuda_of(world())["offload"], "suspend");
+  try {
+    reload_groups();
+    FAIL() << "a failed resume was swallowed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+    EXPECT_NE(std::string(e.what()).find("could not resume"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(world()->backend_state(DeviceType::kCuda), BackendState::kFailed);
+}
+
 TEST_F(Lifecycle, AFailureToDestroyIsRaisedNotSwallowed) {
   InitOptions init = one_rank("cpu:gloo,cuda:fakegpu");
   init.options.hints["fakegpu.fail_finalize"] = "1";

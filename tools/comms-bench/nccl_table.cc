@@ -162,6 +162,10 @@ bool set_field(const std::string& key, const nlohmann::json& value, Config* conf
   COMMS_BENCH_INT_FIELD("nvls_ctas", nvlsCTAs)
   COMMS_BENCH_INT_FIELD("nchannels_per_net_peer", nChannelsPerNetPeer)
   COMMS_BENCH_INT_FIELD("nvlink_centric_sched", nvlinkCentricSched)
+  COMMS_BENCH_INT_FIELD("graph_usage_mode", graphUsageMode)
+  COMMS_BENCH_INT_FIELD("num_rma_ctx", numRmaCtx)
+  COMMS_BENCH_INT_FIELD("max_p2p_peers", maxP2pPeers)
+  COMMS_BENCH_INT_FIELD("graph_stream_ordering", graphStreamOrdering)
   throw Error(ErrorCode::kInvalidArgument,
               str::cat("raw nccl: the nccl plugin reports config field '", key, "', which comms-bench does not know"));
 }

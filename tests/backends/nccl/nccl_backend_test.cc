@@ -143,7 +143,7 @@ TEST_F(NcclBackendTest, DescribeReportsEffectiveConfigPriorityDeviceAndVersion) 
   EXPECT_EQ(j["stream_priority"]["value"], -5);
   EXPECT_EQ(j["stream_priority"]["read_back"], -5);
   EXPECT_EQ(j["device"], "cuda:0");
-  EXPECT_EQ(j["nccl_version"], nccl_version_string(NCCL_VERSION_CODE));
+  EXPECT_EQ(j["nccl_version"], nccl_version_string(api->version));
   EXPECT_EQ(j["initialized"], true);
 }
 

@@ -7,6 +7,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -69,9 +70,12 @@ TEST_F(NcclPlugin, DescriptorNamesNcclTheLinkedVersionAndCuda) {
   EXPECT_EQ(d->device_types, comms::plugin::device_bit(comms::DeviceType::kCuda));
   std::vector<std::string> keys;
   for (const char* const* k = d->hint_keys; *k; ++k) keys.emplace_back(*k);
-  EXPECT_EQ(keys.size(), 15u);
+  EXPECT_EQ(keys.size(), 19u);
   EXPECT_NE(std::find(keys.begin(), keys.end(), "high_priority_stream"), keys.end());
   EXPECT_NE(std::find(keys.begin(), keys.end(), "nvlink_centric_sched"), keys.end());
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "graph_stream_ordering"), keys.end());
+  // Windows are claimed for every NCCL; a backend below 2.29 says unsupported.
+  EXPECT_NE(d->features & comms::plugin::kFeatureWindows, 0u);
 }
 
 TEST_F(NcclPlugin, DeviceCountIsZeroNotACrashWithoutADevice) {
@@ -364,6 +368,97 @@ TEST_F(NcclGpu, FinalizeReleasesDeviceMemoryAcrossCycles) {
   CUDA_OK(cudaMemGetInfo(&free_after, &total));
   // Allow for allocator granularity; a leaked communicator costs far more.
   EXPECT_LT(static_cast<long long>(free_before) - static_cast<long long>(free_after), 64ll << 20);
+}
+
+// Offload by suspend (NCCL >= 2.29): ncclCommSuspend frees device memory and
+// keeps the communicator; after ncclCommResume the same backend runs ops
+// right. Free memory and MemStats are read back around it.
+TEST_F(NcclGpu, SuspendFreesMemoryAndResumeRunsOpsAgain) {
+  auto b = make();
+  ASSERT_NE(b, nullptr);
+  if (!nlohmann::json::parse(b->describe())["suspend"]["available"].get<bool>()) {
+    GTEST_SKIP() << "the loaded NCCL has no ncclCommSuspend (needs 2.29): "
+                 << nlohmann::json::parse(b->describe())["nccl_version"];
+  }
+  constexpr size_t n = 1024;
+  DeviceBuffer in(n * 4), out(n * 4);
+  std::vector<float> host(n, 3.0f), back(n, 0.0f);
+  CUDA_OK(cudaMemcpy(in.ptr, host.data(), n * 4, cudaMemcpyHostToDevice));
+  auto all_reduce = [&] {
+    std::unique_ptr<comms::plugin::Work> w;
+    Status s = b->submit(desc(OpType::kAllReduce, n, DataType::kFloat32, in.ptr, out.ptr), &w);
+    ASSERT_TRUE(s.is_ok()) << s.message;
+    ASSERT_TRUE(w->wait(WaitMode::kBlocking).is_ok());
+  };
+  all_reduce();
+  size_t free_running = 0, free_suspended = 0, free_resumed = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free_running, &total));
+  Status s = b->suspend();
+  ASSERT_TRUE(s.is_ok()) << s.message;
+  CUDA_OK(cudaMemGetInfo(&free_suspended, &total));
+  auto j = nlohmann::json::parse(b->describe())["suspend"];
+  std::printf("suspend: free %.1f -> %.1f MiB; MemStats before %s, after %s\n", free_running / 1048576.0,
+              free_suspended / 1048576.0, j["mem_stats_before_suspend"].dump().c_str(),
+              j["mem_stats_after_suspend"].dump().c_str());
+  EXPECT_EQ(j["mem_stats_after_suspend"]["suspended"], true);
+  EXPECT_GT(free_suspended, free_running) << "ncclCommSuspend freed nothing";
+  s = b->resume();
+  ASSERT_TRUE(s.is_ok()) << s.message;
+  CUDA_OK(cudaMemGetInfo(&free_resumed, &total));
+  std::printf("resume: free %.1f MiB\n", free_resumed / 1048576.0);
+  CUDA_OK(cudaMemset(out.ptr, 0, n * 4));
+  all_reduce();
+  CUDA_OK(cudaMemcpy(back.data(), out.ptr, n * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, host) << "the resumed communicator's all_reduce";
+  EXPECT_TRUE(b->finalize().is_ok());
+}
+
+// A window at world size 1 (NCCL >= 2.29): a signalled put to oneself lands
+// in the window, and waiting for that one signal returns.
+TEST_F(NcclGpu, SignalledPutToOwnWindowLandsAndItsSignalIsCounted) {
+  auto b = make();
+  ASSERT_NE(b, nullptr);
+  if (!nlohmann::json::parse(b->describe())["windows"].get<bool>()) {
+    GTEST_SKIP() << "the loaded NCCL has no one-sided ops (needs 2.29): "
+                 << nlohmann::json::parse(b->describe())["nccl_version"];
+  }
+  constexpr size_t n = 1024;
+  void* window_mem = nullptr;
+  ASSERT_TRUE(d->mem_alloc(Device::cuda(0), n * 4, &window_mem).is_ok());
+  DeviceBuffer in(n * 4);
+  std::vector<float> host(n), back(n, 0.0f);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i);
+  CUDA_OK(cudaMemcpy(in.ptr, host.data(), n * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(window_mem, 0, n * 4));
+  void* win = nullptr;
+  Status s = b->register_window(window_mem, n * 4, &win);
+  ASSERT_TRUE(s.is_ok()) << s.message;
+  comms::plugin::WindowOpDesc put;
+  put.type = comms::plugin::WindowOpType::kPut;
+  put.seq = ++seq_;
+  put.window = win;
+  put.input = in.ptr;
+  put.bytes = n * 4;
+  put.peer = 0;
+  put.signal = true;
+  put.async = true;
+  std::unique_ptr<comms::plugin::Work> w;
+  s = b->submit_window(put, &w);
+  ASSERT_TRUE(s.is_ok()) << s.message;
+  ASSERT_TRUE(w->wait(WaitMode::kBlocking).is_ok());
+  comms::plugin::WindowOpDesc wait = put;
+  wait.type = comms::plugin::WindowOpType::kWaitSignal;
+  wait.seq = ++seq_;
+  const uint64_t counts[] = {1};
+  wait.signal_counts = counts;
+  s = b->submit_window(wait, &w);
+  ASSERT_TRUE(s.is_ok()) << s.message;
+  ASSERT_TRUE(w->wait(WaitMode::kBlocking).is_ok());
+  CUDA_OK(cudaMemcpy(back.data(), window_mem, n * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, host);
+  EXPECT_TRUE(b->deregister_window(win).is_ok());
+  EXPECT_TRUE(b->finalize().is_ok());
+  EXPECT_TRUE(d->mem_free(Device::cuda(0), window_mem).is_ok());
 }
 
 // ---- CUDA graphs and registered buffers -----------------------------------

@@ -1,6 +1,7 @@
 // Hint translation, validation and version gating of the NCCL plugin (CPU).
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
@@ -10,14 +11,17 @@
 namespace comms::nccl {
 namespace {
 
-TranslatedHints translate_ok(const Hints& hints, int version = NCCL_VERSION_CODE) {
+// The release the fake NCCL models unless a test picks one.
+constexpr int kDefaultVersion = 22809;
+
+TranslatedHints translate_ok(const Hints& hints, int version = kDefaultVersion) {
   TranslatedHints t;
   Status s = translate_hints(hints, version, &t);
   EXPECT_TRUE(s.is_ok()) << s.message;
   return t;
 }
 
-Status translate_err(const Hints& hints, int version = NCCL_VERSION_CODE) {
+Status translate_err(const Hints& hints, int version = kDefaultVersion) {
   TranslatedHints t;
   return translate_hints(hints, version, &t);
 }
@@ -31,7 +35,7 @@ TEST(NcclHints, EveryKeyReachesItsNcclConfigField) {
       {"nchannels_per_net_peer", "3"}, {"nvlink_centric_sched", "1"},
       {"high_priority_stream", "yes"}};
   TranslatedHints t = translate_ok(hints);
-  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  NcclConfig c = initial_config(kDefaultVersion);
   apply_to_config(t.config, &c);
   EXPECT_EQ(c.blocking, 0);
   EXPECT_EQ(c.cgaClusterSize, 4);
@@ -52,7 +56,7 @@ TEST(NcclHints, EveryKeyReachesItsNcclConfigField) {
 
 TEST(NcclHints, UnsetKeysLeaveNcclDefaults) {
   TranslatedHints t = translate_ok({});
-  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  NcclConfig c = initial_config(kDefaultVersion);
   apply_to_config(t.config, &c);
   EXPECT_EQ(c.blocking, NCCL_CONFIG_UNDEF_INT);
   EXPECT_EQ(c.cgaClusterSize, NCCL_CONFIG_UNDEF_INT);
@@ -149,12 +153,77 @@ TEST(NcclHints, KeyMissingFromTheLinkedNcclIsAnErrorSayingSo) {
   EXPECT_EQ(translate_err({{"split_share", "1"}}, 21703).code, ErrorCode::kUnsupported);
   EXPECT_EQ(translate_err({{"nvlink_centric_sched", "1"}}, 22705).code, ErrorCode::kUnsupported);
   EXPECT_EQ(translate_err({{"cta_policy", "zero"}}, 22705).code, ErrorCode::kInvalidArgument);
-  translate_ok({{"cga_cluster_size", "2"}, {"high_priority_stream", "1"}}, 21403);
+  translate_ok({{"blocking", "0"}, {"high_priority_stream", "1"}}, 21403);
 }
 
-TEST(NcclHints, EveryKeyIsAvailableWithTheLinkedNccl) {
+// NCCL reads cgaClusterSize, minCTAs, maxCTAs and netName from a config of
+// version 2.17 or later only (its parseCommConfig resets them below).
+TEST(NcclHints, CtaKeysAndNetNameNeedNccl217) {
+  for (const char* key : {"cga_cluster_size", "min_ctas", "max_ctas", "net_name"}) {
+    const std::string value = std::string(key) == "net_name" ? "IB" : "2";
+    Status s = translate_err({{key, value}}, 21609);
+    ASSERT_EQ(s.code, ErrorCode::kUnsupported) << key;
+    EXPECT_NE(s.message.find("NCCL >= 2.17.0"), std::string::npos) << s.message;
+    EXPECT_NE(s.message.find("the loaded NCCL is 2.16.9"), std::string::npos) << s.message;
+    translate_ok({{key, value}}, 21700);
+  }
+}
+
+// Each key of NCCL 2.29 and 2.30 is refused below its release, naming the
+// key, the release and the loaded one, and reaches its field from it.
+TEST(NcclHints, NewerConfigKeysAreGatedByTheLoadedVersion) {
+  struct Case {
+    const char* key;
+    const char* value;
+    int first;        // the first release with the field
+    int just_before;  // the release before it
+    int NcclConfig::*field;
+    int expected;
+  };
+  const Case cases[] = {
+      {"graph_usage_mode", "1", 22900, 22809, &NcclConfig::graphUsageMode, 1},
+      {"num_rma_ctx", "4", 22900, 22809, &NcclConfig::numRmaCtx, 4},
+      {"max_p2p_peers", "16", 23003, 23002, &NcclConfig::maxP2pPeers, 16},
+      {"graph_stream_ordering", "0", 23006, 23005, &NcclConfig::graphStreamOrdering, 0},
+  };
+  for (const Case& c : cases) {
+    Status s = translate_err({{c.key, c.value}}, c.just_before);
+    ASSERT_EQ(s.code, ErrorCode::kUnsupported) << c.key;
+    EXPECT_NE(s.message.find(std::string(c.key) + "=" + c.value), std::string::npos) << s.message;
+    EXPECT_NE(s.message.find("NCCL >= " + nccl_version_string(c.first)), std::string::npos) << s.message;
+    EXPECT_NE(s.message.find("the loaded NCCL is " + nccl_version_string(c.just_before)), std::string::npos)
+        << s.message;
+    TranslatedHints t = translate_ok({{c.key, c.value}}, c.first);
+    NcclConfig config = initial_config(c.first);
+    apply_to_config(t.config, &config);
+    EXPECT_EQ(config.*c.field, c.expected) << c.key;
+    EXPECT_EQ(config.version, static_cast<unsigned>(c.first)) << c.key;
+    auto j = nlohmann::json::parse(explain_json(t));
+    EXPECT_EQ(j["nccl_config"][c.key], c.expected) << c.key;
+  }
+  EXPECT_EQ(translate_err({{"graph_usage_mode", "3"}}, 23007).code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(translate_err({{"max_p2p_peers", "0"}}, 23007).code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(translate_err({{"num_rma_ctx", "-1"}}, 23007).code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(translate_err({{"graph_stream_ordering", "maybe"}}, 23007).code, ErrorCode::kInvalidArgument);
+}
+
+// The config the plugin fills: ncclConfig_t's layout through NCCL 2.30,
+// every field unset, and the loaded release as its version (NCCL reads a
+// field only from a config whose version has it), capped at the layout's.
+TEST(NcclHints, TheConfigCarriesTheLoadedVersionAndItsOwnSize) {
+  NcclConfig c = initial_config(22900);
+  EXPECT_EQ(c.size, sizeof(NcclConfig));
+  EXPECT_EQ(c.magic, 0xcafebeefu);
+  EXPECT_EQ(c.version, 22900u);
+  EXPECT_EQ(c.graphUsageMode, NCCL_CONFIG_UNDEF_INT);
+  EXPECT_EQ(c.graphStreamOrdering, NCCL_CONFIG_UNDEF_INT);
+  EXPECT_EQ(initial_config(23203).version, static_cast<unsigned>(kNcclConfigLayoutVersion));
+  EXPECT_EQ(offsetof(NcclConfig, nvlinkCentricSched), offsetof(ncclConfig_t, nvlinkCentricSched));
+}
+
+TEST(NcclHints, EveryKeyFitsTheConfigLayoutThePluginFills) {
   for (const char* key : hint_keys()) {
-    EXPECT_LE(min_nccl_version_for(key), NCCL_VERSION_CODE) << key;
+    EXPECT_LE(min_nccl_version_for(key), kNcclConfigLayoutVersion) << key;
     EXPECT_GE(min_nccl_version_for(key), 0) << key;
   }
   EXPECT_EQ(hint_keys().size(), std::size(kHintKeyVersions));

@@ -21,6 +21,11 @@ namespace {
 const std::map<std::string, std::string> kNotTyped = {
     {"blocking", "communicators are always non-blocking; only blocking=0 is accepted"},
     {"comm_name", "each group's NCCL communicator is named after the group"},
+    // Newer than torch's and Megatron's NCCL options: set as nccl.<key> hints.
+    {"graph_usage_mode", "NCCL 2.29's; neither torch nor Megatron names it"},
+    {"num_rma_ctx", "NCCL 2.29's; neither torch nor Megatron names it"},
+    {"max_p2p_peers", "NCCL 2.30's; neither torch nor Megatron names it"},
+    {"graph_stream_ordering", "NCCL 2.30's; neither torch nor Megatron names it"},
 };
 
 // Calls `f` on every field of NcclOptions. A structured binding must name

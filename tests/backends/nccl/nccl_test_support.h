@@ -23,9 +23,10 @@
 
 namespace comms::nccl::testing {
 
-// A copy of an ncclConfig_t whose strings outlive the call.
+// A copy of the config the plugin passed (NcclConfig, ncclConfig_t's
+// layout) whose strings outlive the call.
 struct CapturedConfig {
-  ncclConfig_t config;
+  NcclConfig config;
   std::string net_name;
   std::string comm_name;
   bool has_net_name = false;
@@ -43,6 +44,11 @@ struct NcclCall {
   cudaStream_t stream = nullptr;
   bool captured = false;  // recorded into a graph instead of running
   ncclComm_t comm = nullptr;  // the communicator (NCCL ops, shrink, revoke, abort, destroy)
+  // One-sided ops: the window, the byte offset into the peer's, and what
+  // ncclWaitSignal was asked to wait for.
+  ncclWindow_t window = nullptr;
+  size_t offset = 0;
+  std::vector<WaitSignalDesc> waits{};
 };
 
 // What a fake CUDA graph holds, in capture order: NCCL calls, event records
@@ -78,10 +84,30 @@ class FakeNcclApi final : public NcclApi {
   // cudaMemGetInfo per device (indexed by device); mem_info_error fails it.
   std::vector<size_t> mem_total, mem_free;
   cudaError_t mem_info_error = cudaSuccess;
+  // The "loaded NCCL": ncclGetVersion's answer and, through it, the entry
+  // points that release has (set_version; 2.28.9 unless a test picks one).
+  int version = 22809;
   // Whether the "loaded NCCL" has ncclCommShrink / ncclCommRevoke.
   bool shrink_available = true;
   bool revoke_available = true;
   ncclResult_t shrink_result = ncclSuccess;
+  // ncclCommSuspend/Resume's answers; MemStats' bytes per communicator. A
+  // suspend frees the suspendable bytes on the current device (mem_free), a
+  // resume takes them back, so that cudaMemGetInfo tells the difference.
+  ncclResult_t suspend_result = ncclSuccess;
+  ncclResult_t resume_result = ncclSuccess;
+  uint64_t suspendable_bytes = 96 << 20;
+  uint64_t persistent_bytes = 4 << 20;
+  ncclResult_t window_register_result = ncclSuccess;
+
+  // A release: 2.28 (ncclAlltoAll/Gather/Scatter, revoke), 2.29 (+ suspend,
+  // MemStats, ncclPutSignal/Signal/WaitSignal), 2.30 (+ result 8 = ncclTimeout).
+  void set_version(int v) {
+    std::lock_guard l(mu_);
+    version = v;
+    shrink_available = v >= NCCL_VERSION(2, 27, 0);
+    revoke_available = v >= NCCL_VERSION(2, 28, 0);
+  }
 
   // --- observations ---
   std::vector<NcclCall> calls;
@@ -103,6 +129,15 @@ class FakeNcclApi final : public NcclApi {
   };
   std::vector<ShrinkCall> shrinks;
   std::vector<ncclComm_t> revoked_comms, aborted_comms, destroyed_comms, created_comms;
+  std::set<ncclComm_t> suspended;  // communicators suspended now
+  int comm_inits = 0;              // ncclCommInitRankConfig calls: one per rendezvous
+  // Live windows: handle -> (buffer, bytes, communicator).
+  struct Window {
+    void* buf;
+    size_t bytes;
+    ncclComm_t comm;
+  };
+  std::map<ncclWindow_t, Window> windows;
   std::vector<int> stream_priorities;
   int events_created = 0;
   std::vector<std::pair<cudaStream_t, cudaEvent_t>> stream_waits;
@@ -124,14 +159,19 @@ class FakeNcclApi final : public NcclApi {
     return out;
   }
 
-  ncclResult_t get_version(int* v) override { *v = NCCL_VERSION_CODE; return ncclSuccess; }
+  ncclResult_t get_version(int* v) override {
+    std::lock_guard l(mu_);
+    *v = version;
+    return ncclSuccess;
+  }
   ncclResult_t get_unique_id(ncclUniqueId* id) override {
     std::memset(id->internal, 0x5a, sizeof id->internal);
     return ncclSuccess;
   }
   ncclResult_t comm_init_rank_config(ncclComm_t* comm, int, ncclUniqueId, int,
-                                     ncclConfig_t* config) override {
+                                     NcclConfig* config) override {
     std::lock_guard l(mu_);
+    ++comm_inits;
     init_configs.push_back(capture(*config));
     *comm = next_comm();
     created_comms.push_back(*comm);
@@ -140,7 +180,7 @@ class FakeNcclApi final : public NcclApi {
     return ncclInProgress;
   }
   ncclResult_t comm_split(ncclComm_t, int color, int key, ncclComm_t* child,
-                          ncclConfig_t* config) override {
+                          NcclConfig* config) override {
     std::lock_guard l(mu_);
     split_configs.push_back(capture(*config));
     split_color_key.emplace_back(color, key);
@@ -193,6 +233,7 @@ class FakeNcclApi final : public NcclApi {
     switch (r) {
       case ncclRemoteError: return "remote process exited or there was a network error";
       case ncclInternalError: return "internal error";
+      case kNcclTimeoutResult: return "operation timed out";
       default: return "fake nccl error";
     }
   }
@@ -251,16 +292,19 @@ class FakeNcclApi final : public NcclApi {
   }
   ncclResult_t all_to_all(const void* in, void* out, size_t n, ncclDataType_t dt, ncclComm_t comm,
                     cudaStream_t s) override {
+    if (!has_native_collectives()) return ncclInvalidUsage;  // no such symbol before 2.28
     return op_call("all_to_all", in, out, n, dt, ncclSum, -1, s, comm);
   }
   ncclResult_t gather(const void* in, void* out, size_t n, ncclDataType_t dt, int root,
                       ncclComm_t comm,
                     cudaStream_t s) override {
+    if (!has_native_collectives()) return ncclInvalidUsage;
     return op_call("gather", in, out, n, dt, ncclSum, root, s, comm);
   }
   ncclResult_t scatter(const void* in, void* out, size_t n, ncclDataType_t dt, int root,
                        ncclComm_t comm,
                     cudaStream_t s) override {
+    if (!has_native_collectives()) return ncclInvalidUsage;
     return op_call("scatter", in, out, n, dt, ncclSum, root, s, comm);
   }
   ncclResult_t send(const void* buf, size_t n, ncclDataType_t dt, int peer, ncclComm_t comm,
@@ -300,7 +344,7 @@ class FakeNcclApi final : public NcclApi {
   // quiescent) as NCCL 2.28 does.
   bool has_shrink() override { return shrink_available; }
   bool has_revoke() override { return revoke_available; }
-  ncclResult_t comm_shrink(ncclComm_t comm, int* exclude, int n, ncclComm_t* child, ncclConfig_t* config,
+  ncclResult_t comm_shrink(ncclComm_t comm, int* exclude, int n, ncclComm_t* child, NcclConfig* config,
                            int flags) override {
     std::lock_guard l(mu_);
     if (!shrink_available) return ncclInvalidUsage;
@@ -327,6 +371,89 @@ class FakeNcclApi final : public NcclApi {
     record("comm_revoke", comm);
     pending_ = in_progress_polls;
     return ncclSuccess;
+  }
+
+  bool has_native_collectives() override { return at_least(kNativeCollectivesVersion); }
+  bool has_suspend() override { return at_least(kSuspendVersion); }
+  bool has_one_sided() override { return at_least(kOneSidedVersion); }
+  ncclResult_t comm_suspend(ncclComm_t comm, int flags) override {
+    std::lock_guard l(mu_);
+    if (version < kSuspendVersion) return ncclInvalidUsage;
+    record("comm_suspend", comm);
+    if (flags != NCCL_SUSPEND_MEM || suspended.count(comm)) return ncclInvalidUsage;
+    if (suspend_result != ncclSuccess) return suspend_result;
+    suspended.insert(comm);
+    adjust_free(static_cast<int64_t>(suspendable_bytes));
+    return ncclSuccess;
+  }
+  ncclResult_t comm_resume(ncclComm_t comm) override {
+    std::lock_guard l(mu_);
+    if (version < kSuspendVersion) return ncclInvalidUsage;
+    record("comm_resume", comm);
+    if (!suspended.count(comm)) return ncclInvalidUsage;
+    if (resume_result != ncclSuccess) return resume_result;
+    suspended.erase(comm);
+    adjust_free(-static_cast<int64_t>(suspendable_bytes));
+    return ncclSuccess;
+  }
+  ncclResult_t comm_mem_stats(ncclComm_t comm, MemStat stat, uint64_t* value) override {
+    std::lock_guard l(mu_);
+    if (version < kSuspendVersion) return ncclInvalidUsage;
+    const bool off = suspended.count(comm) > 0;
+    switch (stat) {
+      case MemStat::kSuspendable: *value = off ? 0 : suspendable_bytes; break;
+      case MemStat::kSuspended: *value = off ? 1 : 0; break;
+      case MemStat::kPersistent: *value = persistent_bytes; break;
+      case MemStat::kTotal: *value = persistent_bytes + (off ? 0 : suspendable_bytes); break;
+      default: return ncclInvalidArgument;
+    }
+    return ncclSuccess;
+  }
+  ncclResult_t window_register(ncclComm_t comm, void* buf, size_t bytes, ncclWindow_t* win, int flags) override {
+    std::lock_guard l(mu_);
+    if (version < kOneSidedVersion) return ncclInvalidUsage;
+    record("window_register", comm);
+    if (flags != NCCL_WIN_COLL_SYMMETRIC || suspended.count(comm)) return ncclInvalidUsage;
+    if (window_register_result != ncclSuccess) return window_register_result;
+    *win = reinterpret_cast<ncclWindow_t>(next_handle_++);
+    windows[*win] = {buf, bytes, comm};
+    return ncclSuccess;
+  }
+  ncclResult_t window_deregister(ncclComm_t comm, ncclWindow_t win) override {
+    std::lock_guard l(mu_);
+    if (version < kOneSidedVersion) return ncclInvalidUsage;
+    record("window_deregister", comm);
+    auto it = windows.find(win);
+    if (it == windows.end() || it->second.comm != comm) return ncclInvalidArgument;
+    windows.erase(it);
+    return ncclSuccess;
+  }
+  ncclResult_t put_signal(const void* in, size_t count, ncclDataType_t dt, int peer, ncclWindow_t win, size_t offset,
+                          int sig_index, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t s) override {
+    std::lock_guard l(mu_);
+    if (version < kOneSidedVersion) return ncclInvalidUsage;
+    NcclCall call{"put_signal", in, nullptr, count, dt, ncclSum, peer, s};
+    call.comm = comm, call.window = win, call.offset = offset;
+    return one_sided_call(call, sig_index, ctx, flags);
+  }
+  ncclResult_t signal(int peer, int sig_index, int ctx, unsigned int flags, ncclComm_t comm,
+                      cudaStream_t s) override {
+    std::lock_guard l(mu_);
+    if (version < kOneSidedVersion) return ncclInvalidUsage;
+    NcclCall call{"signal", nullptr, nullptr, 0, ncclInt8, ncclSum, peer, s};
+    call.comm = comm;
+    return one_sided_call(call, sig_index, ctx, flags);
+  }
+  ncclResult_t wait_signal(int n, WaitSignalDesc* descs, ncclComm_t comm, cudaStream_t s) override {
+    std::lock_guard l(mu_);
+    if (version < kOneSidedVersion) return ncclInvalidUsage;
+    NcclCall call{"wait_signal", nullptr, nullptr, static_cast<size_t>(n), ncclInt8, ncclSum, -1, s};
+    call.comm = comm;
+    call.waits.assign(descs, descs + n);
+    for (const WaitSignalDesc& d : call.waits) {
+      if (d.op_count <= 0 || d.sig_index != 0 || d.ctx != 0) return ncclInvalidArgument;
+    }
+    return one_sided_call(call, 0, 0, 0);
   }
 
   cudaError_t get_device_count(int* n) override { *n = device_count; return cudaSuccess; }
@@ -552,7 +679,7 @@ class FakeNcclApi final : public NcclApi {
   std::atomic<int> capture_queries{0};
 
  private:
-  static CapturedConfig capture(const ncclConfig_t& c) {
+  static CapturedConfig capture(const NcclConfig& c) {
     CapturedConfig out;
     out.config = c;
     if (c.netName) out.net_name = c.netName, out.has_net_name = true;
@@ -562,6 +689,24 @@ class FakeNcclApi final : public NcclApi {
     return out;
   }
   ncclComm_t next_comm() { return reinterpret_cast<ncclComm_t>(next_handle_++); }
+  bool at_least(int v) {
+    std::lock_guard l(mu_);
+    return version >= v;
+  }
+  void adjust_free(int64_t bytes) {
+    const auto d = static_cast<size_t>(current_device);
+    if (d < mem_free.size()) mem_free[d] = static_cast<size_t>(static_cast<int64_t>(mem_free[d]) + bytes);
+  }
+  // One put/signal/wait: refused on a suspended or busy communicator, with
+  // arguments NCCL 2.30 rejects (one signal slot and context, no flags).
+  ncclResult_t one_sided_call(NcclCall call, int sig_index, int ctx, unsigned int flags) {
+    if (record_calls) calls.push_back(call);
+    if (pending_ != 0 || suspended.count(call.comm)) return ncclInvalidUsage;
+    if (sig_index != 0 || ctx != 0 || flags != 0) return ncclInvalidArgument;
+    if (call.window && !windows.count(call.window)) return ncclInvalidArgument;
+    executed.push_back(call);
+    return ncclSuccess;
+  }
   void record(const char* name, ncclComm_t comm = nullptr) {
     NcclCall c{name};
     c.comm = comm;
@@ -580,6 +725,7 @@ class FakeNcclApi final : public NcclApi {
     // progress ("Attempt to use communicator before the previous operation
     // returned ncclSuccess").
     if (pending_ != 0) return ncclInvalidArgument;
+    if (suspended.count(comm)) return ncclInvalidUsage;  // "the communicator cannot be used while suspended"
     if (c) {
       // Launching into an invalidated capture fails in CUDA; NCCL says so.
       if (c->status != cudaStreamCaptureStatusActive) return ncclUnhandledCudaError;

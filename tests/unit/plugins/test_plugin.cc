@@ -18,6 +18,11 @@
 //   never blocks.
 //   refuse_reduction=<kind>: supports_reduction says no to that ReduceKind
 //   (its number), yes to every other.
+//   suspend=1: suspend() (ABI 2.6) releases what memory_used holds and the
+//   registrations, resume() takes the memory back; suspend=fail and
+//   suspend=fail_resume make one of them fail. Unset or "unsupported":
+//   suspend() answers kUnsupported (libcomms offloads by finalize). With the
+//   hint, describe() counts the process's create() calls, suspends and resumes.
 //   register_buffer hands out handles counted across fakegpu backends
 //   ("registered" in describe()); finalize and the destructor drop those
 //   left, as a real backend releases them with its communicator.
@@ -57,12 +62,13 @@ extern "C" int comms_test_absent_marker();
 namespace {
 
 const char* const kKeys[] = {"interface",   "min_ctas",      "fail_finalize", "late_timeout", "fault",
-                             "memory_used", "block_wait_ms", "refuse_reduction", nullptr};
+                             "memory_used", "block_wait_ms", "refuse_reduction", "suspend", nullptr};
 
 constexpr int64_t kOthersBytes = 1 << 20;
 std::atomic<int64_t> g_device_bytes{0};
 std::atomic<int> g_op_calls{0};
 std::atomic<int> g_aborts{0}, g_revokes{0};
+std::atomic<int> g_creates{0}, g_suspends{0}, g_resumes{0};
 std::atomic<int> g_registered{0};  // live register_buffer handles of every fakegpu backend
 
 std::string hint(const comms::Hints& h, const std::string& key) {
@@ -170,6 +176,24 @@ class FakeBackend : public comms::plugin::Backend {
     release();
     return {};
   }
+  comms::Status suspend() override {
+    const std::string how = hint(init_.hints, "suspend");
+    if (how.empty() || how == "unsupported") return comms::plugin::Backend::suspend();
+    if (how == "fail") return {comms::ErrorCode::kInternal, "injected failure: fakegpu could not suspend"};
+    ++g_suspends;
+    suspended_bytes_ = held_;
+    release();
+    return {};
+  }
+  comms::Status resume() override {
+    if (hint(init_.hints, "suspend") == "fail_resume") {
+      return {comms::ErrorCode::kInternal, "injected failure: fakegpu could not resume"};
+    }
+    ++g_resumes;
+    held_ = suspended_bytes_;
+    g_device_bytes += held_;
+    return {};
+  }
   int64_t device_memory_used() const override {
     return hint(init_.hints, "memory_used").empty() ? -1 : kOthersBytes + g_device_bytes.load();
   }
@@ -178,7 +202,12 @@ class FakeBackend : public comms::plugin::Backend {
     std::string j = "{\"fake\":true,\"op_calls\":" + std::to_string(g_op_calls.load()) +
                     ",\"registered\":" + std::to_string(g_registered.load()) +
                     ",\"aborts\":" + std::to_string(g_aborts.load()) +
-                    ",\"revokes\":" + std::to_string(g_revokes.load()) + ",\"hints\":{";
+                    ",\"revokes\":" + std::to_string(g_revokes.load()) + ",";
+    if (!hint(init_.hints, "suspend").empty()) {
+      j += "\"creates\":" + std::to_string(g_creates.load()) + ",\"suspends\":" + std::to_string(g_suspends.load()) +
+           ",\"resumes\":" + std::to_string(g_resumes.load()) + ",";
+    }
+    j += "\"hints\":{";
     bool first = true;
     for (const auto& [k, v] : init_.hints) {
       j += (first ? "\"" : ",\"") + k + "\":\"" + v + "\"";
@@ -213,11 +242,13 @@ class FakeBackend : public comms::plugin::Backend {
 
   comms::plugin::BackendInit init_;
   int64_t held_ = 0;
+  int64_t suspended_bytes_ = 0;
   std::set<void*> handles_;
 };
 
 comms::Status create(const comms::plugin::BackendInit& init, std::unique_ptr<comms::plugin::Backend>* out) {
   if (seen_before("create:" + init.comm_name) > 0 && fault_at(init.hints, "recreate") == "null") return {};
+  ++g_creates;
   *out = std::make_unique<FakeBackend>(init);
   return {};
 }
