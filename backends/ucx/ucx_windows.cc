@@ -53,7 +53,8 @@ UcxWindows::UcxWindows(int rank, int size, std::vector<int> pids, cpu_algorithms
       log_(log),
       tls_(settings.tls),
       peer_status_(static_cast<size_t>(size)),
-      next_liveness_check_(static_cast<size_t>(size)) {
+      next_liveness_check_(static_cast<size_t>(size)),
+      wired_(static_cast<size_t>(size), false) {
   set_spin(settings);
 }
 
@@ -307,9 +308,11 @@ void UcxWindows::signal(Window& w, int peer, Clock::time_point deadline) {
                                          w.peer_signals[static_cast<size_t>(peer)] + sizeof(uint64_t) * rank_,
                                          w.signal_keys[static_cast<size_t>(peer)], &param);
   wait(r, peer, deadline, "signal");
-  // Until the add reached the peer: it may wait in this worker (an endpoint
-  // still wiring up, an emulated atomic), and this rank may next block
-  // outside its windows, where nothing progresses the worker.
+  // On a wired-up endpoint to this host the add is a CPU atomic, done in
+  // place. Otherwise flush until it reached the peer: it may wait in this
+  // worker (an endpoint still wiring up, an emulated atomic), and this rank
+  // may next block outside its windows, where nothing progresses the worker.
+  if (wired_[static_cast<size_t>(peer)] && pids_[static_cast<size_t>(peer)] > 0) return;
   w.unflushed[static_cast<size_t>(peer)] = true;
   flush_peer(w, peer, deadline);
 }
@@ -320,6 +323,7 @@ void UcxWindows::flush_peer(Window& w, int peer, Clock::time_point deadline) {
   ucp_request_param_t param{};
   wait(ucp_ep_flush_nbx(eps_[static_cast<size_t>(peer)], &param), peer, deadline, "flush");
   w.unflushed[static_cast<size_t>(peer)] = false;
+  wired_[static_cast<size_t>(peer)] = true;  // a flush completes only once the endpoint is wired up
 }
 
 void UcxWindows::wait_signal(Window& w, const plugin::WindowOpDesc& op, Clock::time_point deadline) {

@@ -12,7 +12,9 @@
 // source may be reused. signal: a flush of the endpoint to the peer when
 // UCX puts went to it since the last one (a direct copy is visible when it
 // returns), then ucp_atomic_op_nbx(ADD, 1) on the peer's counter of this
-// rank, and a flush again, so that the signal has arrived when it returns. wait_signal
+// rank, and a flush again, so that the signal has left this worker when it
+// returns (skipped once the endpoint to a peer on this host is wired up:
+// the add is then a CPU atomic on the shared counters, done in place). wait_signal
 // polls this rank's counters against what earlier waits consumed,
 // progressing the worker (software-emulated RMA needs it). flush: a flush of
 // every endpoint with unflushed puts.
@@ -109,6 +111,7 @@ class UcxWindows {
   std::vector<PeerSlot> slots_;
   std::vector<std::atomic<int>> peer_status_;  // ucs_status_t of a failed peer, 0 while fine
   std::vector<Clock::time_point> next_liveness_check_;
+  std::vector<bool> wired_;  // per peer: a flush of its endpoint completed
   std::vector<std::unique_ptr<Window>> windows_;
   uint64_t windows_made_ = 0;  // names each window's store keys (registration is collective)
   const uint64_t one_ = 1;     // the operand of every signal
