@@ -92,6 +92,10 @@ class CpuBackend : public plugin::Backend {
   void progress_later() { ops_.progress_later(); }
   std::chrono::milliseconds op_timeout() const { return op_timeout_.load(); }
   const BrokenState& failure() const { return failure_; }
+  // For calls outside the queue (UCX's window ops): every op submitted
+  // before has completed, and a fatal failure fails the later ones fast.
+  void drain_ops() { ops_.drain(); }
+  void mark_broken(const std::string& reason) { failure_.mark_broken(reason); }
 
   const plugin::BackendInit init_;
 

@@ -13,6 +13,7 @@
 #include "shm_collectives.h"
 #include "ucx_log.h"
 #include "ucx_plan.h"
+#include "ucx_windows.h"
 #include "vector_collectives.h"
 
 namespace comms::ucx_backend {
@@ -41,6 +42,9 @@ class UcxBackend final : public cpu_algorithms::CpuBackend {
 
   Status init() override;
   std::string describe() const override;
+  Status register_window(void* data, size_t bytes, void** window) override;
+  Status deregister_window(void* window) override;
+  Status submit_window(const plugin::WindowOpDesc& op, std::unique_ptr<plugin::Work>* work) override;
 
  private:
   friend class cpu_algorithms::CpuBackend;  // its execute() calls run() and error_of()
@@ -52,12 +56,17 @@ class UcxBackend final : public cpu_algorithms::CpuBackend {
   Status make_child(const plugin::SplitDesc& desc, std::unique_ptr<CpuBackend>* child) const override;
   Status set_busy_poll(const std::string& value) override;
   void point_to_point(const plugin::OpDesc& op);
+  // Runs a call into windows_ and turns what it threw into a status; a
+  // fatal one breaks the comm.
+  template <class F>
+  Status window_call(F&& call, plugin::WindowOpType type);
 
   UcxSettings settings_;
   std::unique_ptr<UcxTransport> transport_;
   std::unique_ptr<cpu_algorithms::Collectives> collectives_;
   std::unique_ptr<cpu_algorithms::VectorCollectives> pairwise_;
   std::unique_ptr<ShmCollectives> shm_;  // small collectives when every rank is on this host
+  std::unique_ptr<UcxWindows> windows_;  // connects at the first register_window
   UcxShape shape_;  // what plan() reads, fixed at init
   std::atomic<bool> planned_{false};  // shape_ is set: describe() prints the paths
   std::string devices_, transports_;  // what the transport opened and selected, read at init
@@ -73,6 +82,10 @@ Status UcxBackend::init() {
     devices_ = transport_->devices();
     transports_ = transport_->transports();
     direct_copies_ = transport_->direct_text();
+    std::vector<int> pids(static_cast<size_t>(init_.size), 0);
+    for (int p = 0; p < init_.size; ++p) pids[static_cast<size_t>(p)] = p == init_.rank ? 0 : transport_->pid_of(p);
+    windows_ = std::make_unique<UcxWindows>(init_.rank, init_.size, std::move(pids), transport_.get(), settings_,
+                                            init_.log);
     collectives_ = std::make_unique<cpu_algorithms::Collectives>(*transport_, op_timeout());
     pairwise_ = std::make_unique<cpu_algorithms::VectorCollectives>(*transport_);
     if (init_.size > 1 && !settings_.shm) shm_state_ = "off (COMMS_UCX_SHM)";
@@ -173,6 +186,7 @@ Status UcxBackend::set_busy_poll(const std::string& value) {
   settings_.yield_after = next.yield_after;
   if (transport_) transport_->set_spin(settings_);
   if (shm_) shm_->set_spin(settings_);
+  if (windows_) windows_->set_spin(settings_);
   return {};
 }
 
@@ -180,9 +194,11 @@ void UcxBackend::wake() {
   // The transport fails the running op now.
   if (transport_) transport_->abort();
   if (shm_) shm_->abort();
+  if (windows_) windows_->abort();
 }
 
 Status UcxBackend::release() {
+  windows_.reset();  // unmaps what is still registered
   collectives_.reset();
   pairwise_.reset();
   shm_.reset();
@@ -193,6 +209,54 @@ Status UcxBackend::release() {
     return {ErrorCode::kTimeout, "messages to peers were still in flight when the op timeout ran out at finalize"};
   }
   return {};
+}
+
+// A window op ran on the issuing thread; its Work is complete when made.
+class DoneWork final : public plugin::Work {
+ public:
+  bool is_completed() override { return true; }
+  Status wait(WaitMode) override { return {}; }
+};
+
+template <class F>
+Status UcxBackend::window_call(F&& call, plugin::WindowOpType type) {
+  if (failure().broken()) return failure().status();
+  if (!windows_) return {ErrorCode::kInvalidArgument, "the UCX backend is not connected"};
+  drain_ops();
+  try {
+    call();
+    return {};
+  } catch (const TransportError& t) {
+    if (failure().aborted() || t.kind() == TransportError::Kind::kAborted) {
+      return {ErrorCode::kAborted, "aborted: " + failure().reason() + " (" + t.what() + ")", t.peer()};
+    }
+    // A wait for signals that did not come changed nothing.
+    if (!(type == plugin::WindowOpType::kWaitSignal && t.kind() == TransportError::Kind::kTimeout)) {
+      mark_broken(t.what());
+    }
+    return {code_of(t.kind()), t.what(), t.peer()};
+  } catch (const Error& e) {  // the store, at registration
+    return {e.code(), e.what()};
+  } catch (const std::invalid_argument& e) {
+    return {ErrorCode::kInvalidArgument, e.what()};
+  } catch (const std::exception& e) {
+    return {ErrorCode::kInternal, e.what()};
+  }
+}
+
+Status UcxBackend::register_window(void* data, size_t bytes, void** window) {
+  return window_call([&] { *window = windows_->register_window(*init_.store, data, bytes, op_timeout()); },
+                     plugin::WindowOpType::kFlush);
+}
+
+Status UcxBackend::deregister_window(void* window) {
+  return window_call([&] { windows_->deregister_window(window); }, plugin::WindowOpType::kFlush);
+}
+
+Status UcxBackend::submit_window(const plugin::WindowOpDesc& op, std::unique_ptr<plugin::Work>* work) {
+  Status st = window_call([&] { windows_->run(op); }, op.type);
+  if (st.is_ok() && op.async) *work = std::make_unique<DoneWork>();
+  return st;
 }
 
 std::string UcxBackend::describe() const {

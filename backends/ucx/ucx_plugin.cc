@@ -66,6 +66,7 @@ extern "C" COMMS_PLUGIN_EXPORT const PluginDescriptor* comms_plugin_entry() {
       .hint_keys = comms::ucx_backend::kHintKeys,
       .create = comms::ucx_backend::create_backend,
       .explain_hints = explain,
+      .features = comms::plugin::kFeatureWindows,
       .env_variables = kEnvVariables,
   };
   return &descriptor;

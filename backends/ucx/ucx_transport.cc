@@ -84,6 +84,8 @@ std::string host_identity() {
   return boot_id + "|" + host + "|" + (n > 0 ? std::string(ns, static_cast<size_t>(n)) : "");
 }
 
+}  // namespace
+
 // False once the process has exited (or is a zombie nobody reaped yet).
 bool process_alive(int pid) {
   if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
@@ -94,8 +96,6 @@ bool process_alive(int pid) {
   const char state = text[close + 2];
   return state != 'Z' && state != 'X';
 }
-
-}  // namespace
 
 std::vector<FifoSetting> fifo_settings() {
   // UCX reads UCX_SYSV_... and UCX_POSIX_... before UCX_MM_...: comms sets

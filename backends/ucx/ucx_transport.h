@@ -64,6 +64,9 @@ struct FifoSetting {
 std::vector<FifoSetting> fifo_settings();
 std::string fifo_text();  // for describe()
 
+// False once the process has exited (or is a zombie nobody reaped yet).
+bool process_alive(int pid);
+
 // Messages to and from comms' log (level 0 debug .. 3 error).
 using LogFn = void (*)(int level, const char* message);
 
@@ -93,6 +96,8 @@ class UcxTransport final : public cpu_algorithms::Transport {
   // process_vm_writev / process_vm_readv, in kDirectChunkBytes steps that
   // check abort, deadline and the peer between them.
   bool direct_possible(int peer) const override { return pids_[static_cast<size_t>(peer)] > 0; }
+  // peer's pid when it runs on this host (connect() found it so), else 0.
+  int pid_of(int peer) const { return pids_[static_cast<size_t>(peer)]; }
   bool copies_direct(int peer) const override { return direct_[static_cast<size_t>(peer)]; }
   // For describe(): "every peer", "none", or the ranks it copies with.
   std::string direct_text() const;

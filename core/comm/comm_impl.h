@@ -19,6 +19,7 @@
 #include "comms/comm.h"
 #include "comms/plugin.h"
 #include "comms/registration.h"
+#include "comms/window.h"
 #include "comm/plugin_call.h"
 #include "bootstrap/init_progress.h"
 #include "plugins/plugin_registry.h"
@@ -37,6 +38,11 @@ class WorkState {
             plugin::OpType type, uint64_t seq, DeviceType device_type)
       : comm_(std::move(comm)), work_(std::move(work)), type_(type), seq_(seq),
         device_type_(device_type) {}
+  // A window op's (window.cc): not in the flight recorder.
+  WorkState(std::shared_ptr<Comm::Impl> comm, std::unique_ptr<plugin::Work> work,
+            plugin::WindowOpType window_op, uint64_t seq, DeviceType device_type)
+      : comm_(std::move(comm)), work_(std::move(work)), type_(plugin::OpType::kBarrier), seq_(seq),
+        device_type_(device_type), window_op_(window_op) {}
 
   // Never waits for a wait() in progress on another thread.
   bool is_completed();
@@ -53,6 +59,7 @@ class WorkState {
   plugin::OpType type_;
   uint64_t seq_;
   DeviceType device_type_;
+  std::optional<plugin::WindowOpType> window_op_;
   std::mutex mu_;  // held through a wait
   std::optional<Error> error_;  // set once the op failed, before done_
   std::atomic<bool> done_{false};
@@ -160,6 +167,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   // names the ranks behind (trace::find_culprit), and a fatal one fails the
   // backend (on_fatal); then op_error()'s text.
   Error op_error(plugin::OpType type, uint64_t seq, const Status& status) const;
+  Error op_error(std::string_view op, uint64_t seq, const Status& status) const;
   Error failed_op(plugin::OpType type, uint64_t seq, Status status, DeviceType device_type);
   // The comm's flight recorder (never null).
   trace::Recorder& recorder() const { return *recorder_; }
@@ -201,6 +209,23 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   bool registration_live(const internal::Registration& r) const;
   const internal::LoadedPlugin& plugin_serving(DeviceType t, std::string_view op) const;
   // ---- end of registered buffers ----
+
+  // ---- windows (window.cc) ----
+  bool can_window(DeviceType t) const;
+  // Collective: exchanges sizes through the store, then registers with the backend.
+  std::shared_ptr<internal::WindowState> register_window(BufferView buffer);
+  // Collective: flushes, waits for every rank, then deregisters (unless the
+  // backend that registered it is gone).
+  void deregister_window(internal::WindowState& w);
+  bool window_live(const internal::WindowState& w) const;
+  // The number the next op will get (for messages about refused ops).
+  uint64_t next_seq() const { return seq_.load() + 1; }
+  // Validates, numbers and runs one window op (put, signal, wait_signal, flush).
+  Work run_window(internal::WindowState& w, plugin::WindowOpDesc d, BufferView src, const OpOptions& opts);
+  // A window op the backend failed: a timeout of wait_signal leaves the
+  // comm usable (nothing was consumed); other fatal codes fail the backend.
+  Error failed_window_op(plugin::WindowOpType type, uint64_t seq, const Status& status, DeviceType t);
+  // ---- end of windows ----
 
   // --- elastic recovery (elastic.cc, shrink.cc, elastic_watch.cc) ---------
   // Fails every pending and future op with kRevoked and aborts the backends;
@@ -265,6 +290,11 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   const bool detail_checks_ = trace::detail_checks();  // COMMS_DEBUG=detail
   std::atomic<bool> revoked_{false};
   ElasticState elastic_;
+  // Windows registered so far (collective, so equal on every rank): names
+  // each window's store keys.
+  uint64_t windows_made_ = 0;
+  // Why a window op cannot run, or ok (window.cc).
+  [[gnu::cold]] Status window_unusable(const internal::WindowState& w) const;
   // Steps of shrink_to.
   Config shrunk_config(const std::vector<int>& members, int child_rank, uint64_t epoch,
                        const std::string& ns_suffix, const std::string& name_suffix) const;

@@ -29,11 +29,13 @@ bool is_p2p(OpType t) { return t == OpType::kSend || t == OpType::kRecv || t == 
 }  // namespace
 
 Error Comm::Impl::op_error(OpType type, uint64_t seq, const Status& status) const {
-  std::string message = str::cat(prefix(), " ", plugin::op_name(type), " #", seq, ": ",
-                                 to_string(status.code), ": ", status.message);
+  return op_error(plugin::op_name(type), seq, status);
+}
+
+Error Comm::Impl::op_error(std::string_view op, uint64_t seq, const Status& status) const {
+  std::string message = str::cat(prefix(), " ", op, " #", seq, ": ", to_string(status.code), ": ", status.message);
   if (status.peer >= 0) str::append(message, " (peer rank ", status.peer, ")");
-  return Error(status.code, message, config_.name, std::string(plugin::op_name(type)), seq,
-               config_.rank, status.peer);
+  return Error(status.code, message, config_.name, std::string(op), seq, config_.rank, status.peer);
 }
 
 void Comm::Impl::on_fatal(DeviceType t, const Error& error) {

@@ -30,7 +30,9 @@ std::optional<Error> WorkState::wait(WaitMode mode) {
   // A stream wait on a device op only orders the caller's stream: the op may
   // still be running and may still fail, so the Work stays open.
   if (st.is_ok() && mode == WaitMode::kStream && !plugin_says_completed()) return std::nullopt;
-  if (!st.is_ok()) {
+  if (window_op_) {
+    if (!st.is_ok()) error_ = comm_->failed_window_op(*window_op_, seq_, st, device_type_);
+  } else if (!st.is_ok()) {
     error_ = comm_->failed_op(type_, seq_, st, device_type_);
   } else {
     comm_->recorder().completed(seq_, type_);

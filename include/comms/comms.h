@@ -11,6 +11,7 @@
 #include "comms/lifecycle.h"
 #include "comms/parallel.h"
 #include "comms/registration.h"
+#include "comms/window.h"
 #include "comms/error.h"
 #include "comms/info.h"
 #include "comms/options.h"

@@ -58,6 +58,7 @@ void bind_comm(py::module_& m);
 void bind_dist(py::module_& m);
 void bind_parallel(py::module_& m);
 void bind_registration(py::module_& m);
+void bind_window(py::module_& m);
 void bind_elastic(py::module_& m);
 
 }  // namespace comms_py

@@ -183,6 +183,7 @@ PYBIND11_MODULE(_comms, m) {
   m.def("format_hints", &comms::format_hints, py::arg("hints"));
   comms_py::bind_comm(m);
   comms_py::bind_registration(m);
+  comms_py::bind_window(m);
   comms_py::bind_elastic(m);
   py::module_ dist = m.def_submodule("dist", "comms::dist: process groups");
   comms_py::bind_dist(dist);

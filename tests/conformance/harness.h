@@ -197,5 +197,10 @@ void add_op_cases(const Group& group, const Capabilities& caps, const SuiteOptio
 // Error-path and lifecycle cases; they run on the world comm.
 void add_error_cases(const std::string& shape, const Group& group, std::vector<Case>* cases);
 void add_lifecycle_cases(int world_size, const SuiteOptions& options, std::vector<Case>* cases);
+// One-sided window cases on the world comm (window_cases.cc); with
+// has_windows false, only the one that expects unsupported runs. backend:
+// the device's plugin, e.g. "cpu:gloo".
+void add_window_cases(bool has_windows, const std::string& backend, const SuiteOptions& options,
+                      std::vector<Case>* cases);
 
 }  // namespace comms::conformance

@@ -569,6 +569,11 @@ int run_suite(SuiteOptions options) {
 
   std::vector<Case> lifecycle;
   add_lifecycle_cases(size, options, &lifecycle);
+  if (world) {
+    const BackendSpec spec = BackendSpec::parse(options.backend);
+    add_window_cases(has_windows(*world, device.type),
+                     std::string(to_string(device.type)) + ":" + spec.backend_for(device.type), options, &lifecycle);
+  }
   if (!cuda_skip.empty()) {
     for (auto& c : lifecycle) c.skip_reason = cuda_skip;  // no world comm on this path
   }

@@ -313,3 +313,27 @@ TEST(BenchFlags, JsonDashWritesOnlyTheJsonToStdout) {
 }
 
 }  // namespace
+
+namespace {
+
+// -C put: on a backend without windows, and with a flag it cannot honour,
+// refused naming why; on UCX, the four rows of each size and no wrong data.
+TEST(BenchFlags, PutNeedsWindowsAndPrintsPutBesideSendRecv) {
+  expect_refused(bench(2, {"-C", "put"}), "needs a backend with windows");
+#if UCX_PLUGIN_BUILT
+  expect_refused(bench(2, {"-C", "put", "--json", "out.json"}, {{"COMMS_BACKEND", "cpu:ucx"}}),
+                 "takes none of --device");
+  expect_refused(bench(3, {"-C", "put"}, {{"COMMS_BACKEND", "cpu:ucx"}}), "pairs ranks r and r ^ 1");
+  auto p = bench(2, {"-C", "put", "-b", "8", "-e", "4K", "-f", "512"}, {{"COMMS_BACKEND", "cpu:ucx"}});
+  EXPECT_EQ(p.exit_code(), 0) << p.output;
+  for (const std::string size : {"8", "4096"}) {
+    for (const std::string mode : {"put lat", "send_recv lat", "put bw", "send_recv bw"}) {
+      const std::regex row(" " + size + " +" + mode + " +[0-9.]+ +[0-9.]+ +[0-9.]+ +0\n");
+      EXPECT_TRUE(std::regex_search(p.output, row)) << size << " " << mode << "\n" << p.output;
+    }
+  }
+  EXPECT_NE(p.output.find("# no wrong results"), std::string::npos) << p.output;
+#endif
+}
+
+}  // namespace

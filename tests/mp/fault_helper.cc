@@ -14,6 +14,9 @@
 //   exit-without-shutdown  groups are created, an async op is left in
 //          flight, and main returns without shutdown: the process must
 //          still exit promptly.
+//   window-kill  every rank registers a window; the last rank SIGKILLs
+//          itself 0.3 s after a barrier, while rank 0 waits for its signal;
+//          the others put to it after it died: all get peer_failure naming it.
 //   abort-peer sync|async  rank 1 aborts its comm (and lives on) while the
 //          others wait for it in an all_to_all: on the sync mesh (the CPU
 //          algorithms read each peer's socket) or, given a timeout of its
@@ -76,6 +79,27 @@ int main(int argc, char** argv) {
         start = Clock::now();
         world->all_reduce(BufferView::of(x), ReduceOp::max());
       }
+    } catch (const Error& e) {
+      return report(e, start);
+    }
+    std::printf("no error on rank %d\n", world->rank());
+    return 0;
+  }
+  if (mode == "window-kill") {
+    std::vector<uint8_t> mine(4096, 0), src(4096, 1);
+    Window w = register_window(*world, BufferView::of(mine));
+    world->barrier();
+    // Rank 0 is already waiting for the last rank's signal when it dies;
+    // the other ranks put to it once it is gone.
+    if (world->rank() == last) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      raise(SIGKILL);
+    }
+    if (world->rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    auto start = Clock::now();
+    try {
+      if (world->rank() == 0) w.wait_signal(last, 1);
+      w.put(BufferView::of(src), last, 0, /*signal=*/true);
     } catch (const Error& e) {
       return report(e, start);
     }

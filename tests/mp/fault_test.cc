@@ -164,6 +164,26 @@ void expect_killed_peer_reported(const char* shm) {
   EXPECT_NE(p.output.find("all_reduce #22"), std::string::npos) << "the op and its sequence number\n" << p.output;
 }
 
+// A wait for a killed rank's signal (it dies during the wait) and a put to
+// it: peer_failure naming it, well within the op timeout (its pid is watched).
+TEST(UcxFaults, AKilledPeerFailsAWindowPutOrSignalWaitWithPeerFailureNamingIt) {
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "10", "--", FAULT_HELPER, "window-kill"},
+               {{"COMMS_OP_TIMEOUT", "20s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 50s);
+  ASSERT_NE(p.status, -1) << p.output;
+  EXPECT_NE(p.output.find("signal 9"), std::string::npos) << p.output;
+  const std::regex re(R"(FAULT rank (\d+) code (\w+) after_ms (\d+) comm \S+ op (\S+) seq \d+ peer (-?\d+))");
+  int reported = 0;
+  for (auto it = std::sregex_iterator(p.output.begin(), p.output.end(), re); it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    ++reported;
+    EXPECT_EQ(m[2], "peer_failure") << m[0] << "\n" << p.output;
+    EXPECT_LT(std::stoll(m[3]), 5000) << m[0];
+    EXPECT_EQ(m[4], m[1] == "0" ? "wait_signal" : "put") << m[0];
+    EXPECT_EQ(m[5], "2") << m[0];
+  }
+  EXPECT_EQ(reported, 2) << p.output;
+}
+
 TEST(UcxFaults, APeerKilledMidOpGivesPeerFailureOrTimeoutOnEveryOtherRankWellWithinTheOpTimeout) {
   expect_killed_peer_reported("1");
 }

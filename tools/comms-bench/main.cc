@@ -15,8 +15,11 @@
 // ratio p50 / floor. --device cuda runs on the rank's GPU (bench_cuda.h:
 // buffers, stream, timing).
 //
+// -C put compares one-sided windows with send/recv (put_bench.h).
+//
 // Files: options (flags and their checks), runner (one row's measurement),
-// report (table and JSON), the baselines, floor; this file wires them up.
+// report (table and JSON), the baselines, floor, put_bench; this file wires
+// them up.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +33,7 @@
 #include "gloo_native.h"
 #include "options.h"
 #include "plugin_baseline.h"
+#include "put_bench.h"
 #include "report.h"
 #include "runner.h"
 #if COMMS_BENCH_CUDA
@@ -184,7 +188,22 @@ std::vector<Row> run_rows(const Flags& f, const Setup& s, Comm& comm, Bench& ben
   return rows;
 }
 
+// -C put (put_bench.h): windows beside send/recv, on CPU buffers.
+int run_put(const Flags& f) {
+  CommOptions options;
+  for (const std::string& h : f.hint_texts) {
+    const size_t eq = h.find('=');
+    if (eq == std::string::npos || eq == 0) bad_flag("--hint", str::cat("='", h, "' is not KEY=VALUE"));
+    options.hints[h.substr(0, eq)] = h.substr(eq + 1);
+  }
+  auto comm = new_comm(f.backend, Device::cpu(), "bench", options);
+  const int status = run_put_bench(f, comm);
+  comm->finalize();
+  return status;
+}
+
 int run(const Flags& f) {
+  if (f.op_name == "put") return run_put(f);
   const Setup s = check_flags(f);
   // On cuda the comm binds the local rank's device eagerly (the NCCL
   // communicator exists before the first timed op).

@@ -96,6 +96,7 @@ std::string op_from_program_name(std::string_view argv0) {
 void add_flags(CLI::App& app, Flags& flags) {
   std::vector<std::string> op_names;
   for (const auto& o : kOps) op_names.emplace_back(o.name);
+  op_names.emplace_back("put");  // windows, not a plugin op (put_bench.h)
   app.option_defaults()->always_capture_default();
   // nccl-tests' flags, with its meanings.
   app.add_option("-b,--minbytes", flags.min_size, "smallest size (K, M, G suffixes)");

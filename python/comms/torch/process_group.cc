@@ -12,6 +12,7 @@
 #include "comms/elastic.h"
 #include "p2p_channels.h"
 #include "tensors.h"
+#include "window.h"
 
 namespace comms_torch {
 
@@ -568,6 +569,20 @@ WorkPtr ProcessGroupComms::p2p(Tensors& tensors, int peer, int tag, bool is_send
   pending_.push_back(w);
   return w;
 }
+
+#ifdef C10D_BACKEND_HAS_WINDOW
+bool ProcessGroupComms::supportsWindow() const {
+  return comm_ && (comms::has_windows(*comm_, comms::DeviceType::kCpu) ||
+                   comms::has_windows(*comm_, comms::DeviceType::kCuda));
+}
+
+c10::intrusive_ptr<c10d::Window> ProcessGroupComms::new_window(const std::optional<at::Tensor>& tensor) {
+  live("new_window");
+  auto w = c10::make_intrusive<CommsWindow>(comm_, watcher_);
+  if (tensor) w->tensor_register(*tensor);
+  return w;
+}
+#endif
 
 WorkPtr ProcessGroupComms::send(Tensors& tensors, int dst, int tag) { return p2p(tensors, dst, tag, true); }
 

@@ -137,6 +137,11 @@ class ProcessGroupComms final : public c10d::Backend {
   bool offload(comms::DeviceType type);
   bool reload(comms::DeviceType type);
 
+#ifdef C10D_BACKEND_HAS_WINDOW
+  // One-sided windows (window.h) where the group's comm has them.
+  bool supportsWindow() const override;
+  c10::intrusive_ptr<c10d::Window> new_window(const std::optional<at::Tensor>& tensor = std::nullopt) override;
+#endif
   bool supportsSplitting() const override { return true; }
   bool supportsCoalescing() const override { return true; }
   bool supportsShrinking() const { return true; }
