@@ -17,6 +17,11 @@
 //   stopped         as killed, but the newcomer is SIGSTOPped: it is taken,
 //                   never builds the grown comm, and is dropped by the
 //                   others during the admission (its heartbeat stands still).
+//   member-lost     rank 0 starts a newcomer; rank 2 dies instead of
+//                   admitting it: the admission fails with peer_failure on
+//                   every participant (the newcomer too), the members
+//                   recover() to 3 ranks, the newcomer joins again and the
+//                   members admit it: 4 ranks.
 //   cycles N        N rounds of: a newcomer joins, the grown comm sums, a
 //                   planned shrink drops it again; prints the fds and
 //                   threads after the first round and after the last.
@@ -35,6 +40,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -307,6 +313,38 @@ int lost_newcomer(bool stop) {
   return 0;
 }
 
+std::string code_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return std::string(to_string(e.code()));
+  }
+  return "ok";
+}
+
+int member_lost() {
+  auto comm = world_comm();
+  const BootstrapInfo boot = bootstrap_from_environment();
+  power_sum(*comm);
+  pid_t newcomer = -1;
+  if (comm->rank() == 0) {
+    newcomer = start_newcomer("rejoin");
+    await_ticket(*default_store(boot.rank, boot.world_size, 20s), 0);
+  }
+  comm->barrier();
+  if (comm->rank() == 2) kill(getpid(), SIGKILL);
+  std::printf("ADMIT rank %d %s\n", comm->rank(), code_of([&] { admit(comm); }).c_str());
+  std::fflush(stdout);
+  Recovery r = recover(*comm);
+  comm = r.comm;
+  if (comm->rank() == 0) await_ticket(*default_store(boot.rank, boot.world_size, 20s), 1);
+  auto grown = admit(comm);
+  print_grown(*grown, false);
+  grown->barrier();
+  if (newcomer > 0 && wait_child(newcomer) != 0) return 6;
+  return 0;
+}
+
 int cycles(int n) {
   auto comm = world_comm();
   const BootstrapInfo boot = bootstrap_from_environment();
@@ -342,7 +380,14 @@ int cycles(int n) {
 int newcomer(const std::string& scenario) {
   JoinOptions options;
   options.timeout = 60s;
-  auto comm = join("world", options);
+  std::shared_ptr<Comm> comm;
+  if (scenario == "rejoin") {
+    // Its first admission fails (a member died): it joins again.
+    std::printf("JOIN %s\n", code_of([&] { comm = join("world", options); }).c_str());
+    std::fflush(stdout);
+    if (comm) return 11;
+  }
+  if (!comm) comm = join("world", options);
   print_grown(*comm, true);
   // What the members do after the step that grew: finish it, two more.
   if (scenario == "grow") {
@@ -354,6 +399,8 @@ int newcomer(const std::string& scenario) {
     comm->barrier();
   } else if (scenario == "replace") {
     for (int step = 0; step < 2; ++step) power_sum(*comm);
+    comm->barrier();
+  } else if (scenario == "rejoin") {
     comm->barrier();
   } else if (scenario == "cycle") {
     const int last[] = {comm->size() - 1};
@@ -375,6 +422,7 @@ int main(int argc, char** argv) {
     if (mode == "killed") return lost_newcomer(false);
     if (mode == "stopped") return lost_newcomer(true);
     if (mode == "cycles") return cycles(arg);
+    if (mode == "member-lost") return member_lost();
     if (mode == "newcomer") return newcomer(argc > 2 ? argv[2] : "");
   } catch (const Error& e) {
     std::fprintf(stderr, "grow_helper %s: %s: %s\n", mode.c_str(), std::string(to_string(e.code())).c_str(),

@@ -177,6 +177,25 @@ TEST(Grow, ANewcomerStoppedDuringItsAdmissionIsDroppedAndTheMembersKeepWorkingAt
   expect_kept("stopped", {{"COMMS_INIT_TIMEOUT", "5s"}});
 }
 
+// A member that dies instead of admitting fails the admission on every
+// participant; recover() shrinks as after any loss, and the newcomer,
+// told peer_failure, joins the shrunk comm.
+TEST(Grow, AMemberLostDuringAnAdmissionFailsItEverywhereAndTheNewcomerJoinsTheRecoveredCommAt4Ranks) {
+  for (const auto& backend : backends()) {
+    SCOPED_TRACE(backend);
+    auto env = env_for(backend);
+    env["COMMS_INIT_TIMEOUT"] = "5s";  // the others' connect to the dead member fails at this
+    auto p = helper(4, {"member-lost"}, env, /*keep_going=*/true);
+    EXPECT_EQ(p.exit_code(), 0) << p.output;
+    const auto admitted = lines(p.output, "ADMIT");
+    EXPECT_EQ(ranks_of(admitted), (std::set<int>{0, 1, 3})) << p.output;
+    for (const auto& [r, rest] : admitted) EXPECT_EQ(rest, "peer_failure") << "rank " << r << "\n" << p.output;
+    EXPECT_NE(p.output.find("JOIN peer_failure\n"), std::string::npos) << p.output;
+    // epoch 1: the shrink to 3; epoch 2: the admission.
+    expect_grown(p.output, 4, 2, {3}, " op_timeout_ms 20000 busy_poll none");
+  }
+}
+
 TEST(Grow, TwentyJoinAndShrinkCyclesLeaveFileDescriptorsAndThreadsFlatAt4Ranks) {
   for (const auto& backend : backends()) {
     SCOPED_TRACE(backend);
