@@ -5,7 +5,8 @@
 //   tickets              counter: a newcomer's add(1) gives its ticket t
 //   ticket/<t>           its process token (liveness, as a rank's)
 //   ticket/<t>/offer     written once: the grown comm's configuration from
-//                        the leader, or "withdrawn" by a newcomer that gave up
+//                        the leader, "withdrawn" by a newcomer that gave up,
+//                        or "dropped" by a leader that found no process there
 //   handled              tickets taken or dropped so far (a fresh comm's
 //                        leader reads it once; derived comms inherit it)
 // and, per admit call, under "<comm namespace>/elastic/admit/c<call>":
@@ -40,6 +41,7 @@ using internal::Waiting;
 
 constexpr auto kDefaultJoinTimeout = std::chrono::minutes(5);
 constexpr const char* kWithdrawn = "withdrawn";
+constexpr const char* kDropped = "dropped";
 constexpr const char* kLeaderLost = "fail";
 
 std::string queue_of(const std::string& name) {
@@ -195,8 +197,10 @@ std::string offer_text(const Comm::Impl& impl, const Admission& ad) {
 }
 
 // The leader takes the waiting tickets in order: one whose process ended
-// here is dropped, one that withdrew (timed out) too; one whose newcomer has
-// not yet recorded its token stops the scan (the next admit takes it).
+// here is dropped, one that withdrew (timed out) too. The last ticket, when
+// its newcomer has not yet recorded its process, is left to the next admit;
+// one that others wait behind gets the liveness timeout to appear (its
+// newcomer may have died between taking it and recording itself).
 Decision decide(Comm::Impl& impl, const Admission& ad) {
   Store& store = *ad.store;
   const int64_t tickets = store.add(ad.queue + "/tickets", 0);
@@ -209,7 +213,18 @@ Decision decide(Comm::Impl& impl, const Admission& ad) {
   const int64_t before = d.handled;
   const std::string offer = offer_text(impl, ad);
   for (int64_t t = d.handled; t < tickets; ++t) {
-    if (!store.check({ticket_key(ad.queue, t)})) break;
+    if (!store.check({ticket_key(ad.queue, t)})) {
+      if (t + 1 == tickets) break;
+      try {
+        store.get(ticket_key(ad.queue, t), ad.liveness);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kTimeout) throw;
+        if (store.compare_set(offer_key(ad.queue, t), "", kDropped) == kDropped) {
+          d.handled = t + 1;
+          continue;
+        }
+      }
+    }
     d.handled = t + 1;
     const int pid = internal::local_pid(store.get(ticket_key(ad.queue, t), ad.timeout));
     if (pid >= 0 && internal::local_state(pid) == internal::LocalState::kEnded) continue;
@@ -314,6 +329,10 @@ std::shared_ptr<Comm> join_unguarded(const std::string& name, const JoinOptions&
       throw fail(ErrorCode::kTimeout, str::cat("join: no member of '", name, "' called admit() within ",
                                                timeout.count(), " ms"));
     }
+  }
+  if (offer == kDropped) {
+    throw fail(ErrorCode::kPeerFailure, "join: the members dropped this ticket: this process recorded itself "
+                                        "too late after taking it; join again");
   }
   const json j = json::parse(offer);
   Admission ad;

@@ -17,6 +17,9 @@
 //   stopped         as killed, but the newcomer is SIGSTOPped: it is taken,
 //                   never builds the grown comm, and is dropped by the
 //                   others during the admission (its heartbeat stands still).
+//   gap             a ticket is taken and never recorded (its newcomer
+//                   died in between), then a newcomer joins: the members
+//                   skip the dead ticket and admit the live one.
 //   member-lost     rank 0 starts a newcomer; rank 2 dies instead of
 //                   admitting it: the admission fails with peer_failure on
 //                   every participant (the newcomer too), the members
@@ -322,6 +325,24 @@ std::string code_of(const std::function<void()>& call) {
   return "ok";
 }
 
+int gap() {
+  auto comm = world_comm();
+  const BootstrapInfo boot = bootstrap_from_environment();
+  pid_t newcomer = -1;
+  if (comm->rank() == 0) {
+    auto store = default_store(boot.rank, boot.world_size, 20s);
+    store->add("comms/elastic/join/world/tickets", 1);  // ticket 0, whose process never records itself
+    newcomer = start_newcomer("barrier");
+    await_ticket(*store, 1);
+  }
+  auto grown = admit(comm);
+  if (grown == comm) return 7;
+  print_grown(*grown, false);
+  grown->barrier();
+  if (newcomer > 0 && wait_child(newcomer) != 0) return 6;
+  return 0;
+}
+
 int member_lost() {
   auto comm = world_comm();
   const BootstrapInfo boot = bootstrap_from_environment();
@@ -400,7 +421,7 @@ int newcomer(const std::string& scenario) {
   } else if (scenario == "replace") {
     for (int step = 0; step < 2; ++step) power_sum(*comm);
     comm->barrier();
-  } else if (scenario == "rejoin") {
+  } else if (scenario == "rejoin" || scenario == "barrier") {
     comm->barrier();
   } else if (scenario == "cycle") {
     const int last[] = {comm->size() - 1};
@@ -423,6 +444,7 @@ int main(int argc, char** argv) {
     if (mode == "stopped") return lost_newcomer(true);
     if (mode == "cycles") return cycles(arg);
     if (mode == "member-lost") return member_lost();
+    if (mode == "gap") return gap();
     if (mode == "newcomer") return newcomer(argc > 2 ? argv[2] : "");
   } catch (const Error& e) {
     std::fprintf(stderr, "grow_helper %s: %s: %s\n", mode.c_str(), std::string(to_string(e.code())).c_str(),

@@ -153,6 +153,15 @@ TEST(Grow, AKilledRankIsShrunkAwayAndAReplacementJoinsBringingTheWorldBackAt4Ran
   }
 }
 
+TEST(Grow, ATicketWhoseNewcomerDiedBeforeRecordingItselfIsSkippedAndTheNextNewcomerAdmittedAt4Ranks) {
+  for (const auto& backend : backends()) {
+    SCOPED_TRACE(backend);
+    auto p = helper(3, {"gap"}, env_for(backend));
+    EXPECT_EQ(p.exit_code(), 0) << p.output;
+    expect_grown(p.output, 4, 1, {3}, " op_timeout_ms 20000 busy_poll none");
+  }
+}
+
 void expect_kept(const std::string& mode, const std::map<std::string, std::string>& extra_env) {
   for (const auto& backend : backends()) {
     SCOPED_TRACE(backend);
