@@ -6,14 +6,11 @@
 #include "comms/elastic.h"
 
 #include <algorithm>
-#include <map>
 #include <set>
-#include <thread>
 
 #include "comm/comm_impl.h"
 #include "comm/elastic_records.h"
 #include "comm/elastic_watch.h"
-#include "config/env.h"
 #include "util/log.h"
 #include "util/strutil.h"
 
@@ -27,13 +24,13 @@ namespace {
 Comm::Impl& impl_of(const Comm& comm) { return internal::CommAccess::impl(comm); }
 
 using internal::await_record;
-using internal::elastic_error;
-using internal::need_elastic;
-using internal::through_store;
 using internal::decode_ranks;
+using internal::elastic_error;
 using internal::encode_ranks;
 using internal::Liveness;
 using internal::missing_ranks;
+using internal::need_elastic;
+using internal::through_store;
 using internal::Waiting;
 
 Waiting waiting(Comm::Impl& impl, const AgreeOptions& o) {
