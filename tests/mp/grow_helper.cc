@@ -244,8 +244,13 @@ int grow(int k) {
       newcomer = start_newcomer("grow");
       await_ticket(*default_store(boot.rank, boot.world_size, 20s), 0);
     }
+    const auto start = std::chrono::steady_clock::now();
     auto next = admit(comm);
     if (next != comm) {
+      std::fprintf(stderr, "rank %d: the admission took %lld ms\n", comm->rank(),
+                   static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::steady_clock::now() - start)
+                                              .count()));
       std::printf("STEP rank %d step %d grew %d -> %d\n", comm->rank(), step, comm->size(), next->size());
       comm = next;
       print_grown(*comm, false);
