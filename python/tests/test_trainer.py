@@ -74,7 +74,7 @@ def test_elastic_loss_of_a_killed_rank_equals_a_planned_shrink_and_the_cxx_train
     assert abs(float(final[0]) - cxx_final) <= 1e-5 * abs(cxx_final), (final, cxx_final)
 
 
-HEAL_STEPS = "1500"  # long enough for a replacement to start and be admitted before the end
+HEAL_STEPS = "4000"  # long enough for a replacement to start and be admitted before the end
 GROWN = re.compile(r"grown: ranks \[3\] joined in [\d.]+ ms at step (\d+), world 4 \(state transfer [\d.]+ ms\)")
 
 
