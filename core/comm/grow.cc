@@ -308,31 +308,27 @@ Comm::Impl::Config offered_config(const json& offer, const std::shared_ptr<Store
   return c;
 }
 
-std::shared_ptr<Comm> join_unguarded(const std::string& name, const JoinOptions& options, const Fail& fail,
-                                     int64_t* ticket) {
-  const milliseconds timeout =
-      options.timeout ? *options.timeout : env::get_duration("COMMS_INIT_TIMEOUT").value_or(kDefaultJoinTimeout);
-  if (timeout.count() <= 0) throw fail(ErrorCode::kInvalidArgument, str::cat("join: timeout must be positive"));
-  // Rank -1 of no world: never the host of a MASTER_ADDR store.
-  std::shared_ptr<Store> store = options.store ? options.store : default_store(-1, 0, timeout);
+// One ticket's way: waits up to `wait` for an offer, then takes part in
+// that admission.
+std::shared_ptr<Comm> join_once(const std::shared_ptr<Store>& store, const std::string& name, milliseconds wait,
+                                milliseconds timeout, const Fail& fail, int64_t* ticket) {
   const std::string queue = queue_of(name);
-  internal::StoreHeartbeat heartbeat(store);
   *ticket = store->add(queue + "/tickets", 1) - 1;
   store->set(ticket_key(queue, *ticket), internal::process_token());
   std::string offer;
   try {
-    offer = store->get(offer_key(queue, *ticket), timeout);
+    offer = store->get(offer_key(queue, *ticket), wait);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kTimeout) throw;
     offer = store->compare_set(offer_key(queue, *ticket), "", kWithdrawn);  // unless an offer just came
     if (offer == kWithdrawn) {
-      throw fail(ErrorCode::kTimeout, str::cat("join: no member of '", name, "' called admit() within ",
+      throw fail(ErrorCode::kTimeout, str::cat("join: no member of '", name, "' admitted this process within ",
                                                timeout.count(), " ms"));
     }
   }
   if (offer == kDropped) {
     throw fail(ErrorCode::kPeerFailure, "join: the members dropped this ticket: this process recorded itself "
-                                        "too late after taking it; join again");
+                                        "too late after taking it");
   }
   const json j = json::parse(offer);
   Admission ad;
@@ -362,6 +358,30 @@ std::shared_ptr<Comm> join_unguarded(const std::string& name, const JoinOptions&
   auto grown = build_and_confirm(ad, d.taken, -1, *ticket, build, fail);
   if (!grown) throw fail(ErrorCode::kPeerFailure, "join: the members dropped this newcomer from the admission");
   return grown;
+}
+
+// An admission that failed on the members' side (a member lost during it,
+// their leader lost, or this process dropped as lost) ends with the members
+// going on (after a loss, recover() shrinks them) and admitting again at
+// their next step: so the newcomer takes a new ticket, until its timeout.
+std::shared_ptr<Comm> join_unguarded(const std::string& name, const JoinOptions& options, const Fail& fail,
+                                     int64_t* ticket) {
+  const milliseconds timeout =
+      options.timeout ? *options.timeout : env::get_duration("COMMS_INIT_TIMEOUT").value_or(kDefaultJoinTimeout);
+  if (timeout.count() <= 0) throw fail(ErrorCode::kInvalidArgument, str::cat("join: timeout must be positive"));
+  // Rank -1 of no world: never the host of a MASTER_ADDR store.
+  std::shared_ptr<Store> store = options.store ? options.store : default_store(-1, 0, timeout);
+  internal::StoreHeartbeat heartbeat(store);
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    try {
+      return join_once(store, name, std::max(left, milliseconds(1)), timeout, fail, ticket);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kPeerFailure || Clock::now() >= deadline) throw;
+      log::warning(str::cat(e.what(), "; joining again"));
+    }
+  }
 }
 
 }  // namespace

@@ -126,7 +126,7 @@ COMMS_API uint64_t epoch(const Comm& comm);
 // under a fresh store namespace.
 
 struct JoinOptions {
-  // How long to wait for an admit(); then Error(kTimeout), and no admit
+  // How long to wait to be admitted; then Error(kTimeout), and no admit
   // takes this newcomer any more. Unset: COMMS_INIT_TIMEOUT, else 5 min.
   std::optional<std::chrono::milliseconds> timeout;
   // The job's store. Unset: default_store() from COMMS_STORE or
@@ -147,9 +147,11 @@ struct AdmitOptions {
 // Joins the elastic comm named `name` (the name the job gave new_comm, or
 // any of its epochs' names) as a newcomer: takes a ticket in the store,
 // heartbeats there, and blocks until the members admit it. Returns the
-// grown comm. Throws Error(kTimeout) when no admit came in time, and
-// Error(kPeerFailure) when the admission it was taken into failed (a member
-// was lost, or the others dropped this process as lost).
+// grown comm. An admission that fails on the members' side (a member lost
+// during it: they recover() and admit again at their next step; or the
+// others dropped this process as lost) is retried with a new ticket. Throws
+// Error(kTimeout) when none succeeded within the timeout (the last failure
+// is thrown when it came at the deadline).
 COMMS_API std::shared_ptr<Comm> join(const std::string& name, const JoinOptions& options = {});
 
 // Admits the newcomers waiting to join `comm`'s name. Collective over the

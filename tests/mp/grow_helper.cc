@@ -22,9 +22,8 @@
 //                   skip the dead ticket and admit the live one.
 //   member-lost     rank 0 starts a newcomer; rank 2 dies instead of
 //                   admitting it: the admission fails with peer_failure on
-//                   every participant (the newcomer too), the members
-//                   recover() to 3 ranks, the newcomer joins again and the
-//                   members admit it: 4 ranks.
+//                   every member, they recover() to 3 ranks and admit
+//                   again; join() took a new ticket meanwhile: 4 ranks.
 //   cycles N        N rounds of: a newcomer joins, the grown comm sums, a
 //                   planned shrink drops it again; prints the fds and
 //                   threads after the first round and after the last.
@@ -354,7 +353,7 @@ int member_lost() {
   power_sum(*comm);
   pid_t newcomer = -1;
   if (comm->rank() == 0) {
-    newcomer = start_newcomer("rejoin");
+    newcomer = start_newcomer("barrier");
     await_ticket(*default_store(boot.rank, boot.world_size, 20s), 0);
   }
   comm->barrier();
@@ -406,14 +405,7 @@ int cycles(int n) {
 int newcomer(const std::string& scenario) {
   JoinOptions options;
   options.timeout = 60s;
-  std::shared_ptr<Comm> comm;
-  if (scenario == "rejoin") {
-    // Its first admission fails (a member died): it joins again.
-    std::printf("JOIN %s\n", code_of([&] { comm = join("world", options); }).c_str());
-    std::fflush(stdout);
-    if (comm) return 11;
-  }
-  if (!comm) comm = join("world", options);
+  auto comm = join("world", options);
   print_grown(*comm, true);
   // What the members do after the step that grew: finish it, two more.
   if (scenario == "grow") {
@@ -426,7 +418,7 @@ int newcomer(const std::string& scenario) {
   } else if (scenario == "replace") {
     for (int step = 0; step < 2; ++step) power_sum(*comm);
     comm->barrier();
-  } else if (scenario == "rejoin" || scenario == "barrier") {
+  } else if (scenario == "barrier") {
     comm->barrier();
   } else if (scenario == "cycle") {
     const int last[] = {comm->size() - 1};

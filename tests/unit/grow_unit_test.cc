@@ -88,7 +88,7 @@ TEST(GrowUnit, AJoinThatNobodyAdmitsTimesOutAndTheNextAdmitDoesNotTakeIt) {
   o.timeout = 200ms;
   std::string message;
   EXPECT_EQ(code_of([&] { join("lonely", o); }, &message), ErrorCode::kTimeout);
-  EXPECT_NE(message.find("comms[join 'lonely' ticket 0] join: no member of 'lonely' called admit() within 200 ms"),
+  EXPECT_NE(message.find("comms[join 'lonely' ticket 0] join: no member of 'lonely' admitted this process within 200 ms"),
             std::string::npos)
       << message;
   auto member = one_rank("lonely", store);
