@@ -262,7 +262,6 @@ def kill_inside_all_reduce():
 
 PLANNED_GROW_WAIT_S = 60  # --grow-step: how long the members wait for a newcomer
 PLANNED_GROW_POLL_S = 0.02
-JOIN_ATTEMPTS = 3  # a failed admission (a member lost during it): join again
 
 
 class ElasticLoop:
@@ -417,14 +416,9 @@ def train_elastic(args, world):
 def join_and_train(args):
     """A newcomer: joins the job's world comm, receives the model and the step."""
     joining_since = time.monotonic()
-    for attempt in range(1, JOIN_ATTEMPTS + 1):
-        try:
-            comm = comms.join("world")  # the name comms.dist gives the world comm
-            break
-        except comms.Error as e:
-            if e.code != "peer_failure" or attempt == JOIN_ATTEMPTS:
-                raise
-            print("trainer: the admission failed, joining again: %s" % e, file=sys.stderr)
+    # "world": the name comms.dist gives the world comm. An admission that
+    # fails on the members' side makes join take a new ticket.
+    comm = comms.join("world")
     joined = time.monotonic()
     loop = ElasticLoop(comm, -1, args, Model(args.model == "mlp"))
     step, first_collective = loop.share_state(0)

@@ -39,9 +39,6 @@ constexpr const char* kWorldName = "world";
 // --grow-step: how long the members wait for a newcomer, polling admit().
 constexpr auto kPlannedGrowWait = std::chrono::seconds(60);
 constexpr auto kPlannedGrowPoll = std::chrono::milliseconds(20);
-// A newcomer whose admission failed (a member was lost during it) joins
-// again: the survivors recover and admit it at a later boundary.
-constexpr int kJoinAttempts = 3;
 
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -305,15 +302,9 @@ int train_elastic(std::shared_ptr<comms::Comm> comm, int world_rank, const Elast
 int join_and_train(const ElasticRun& run, Model& model, StopWatcher& stop) {
   stop.at("joining the job (waiting to be admitted)");
   const auto joining_since = Clock::now();
-  std::shared_ptr<comms::Comm> comm;
-  for (int attempt = 1; !comm; ++attempt) {
-    try {
-      comm = comms::join(kWorldName);
-    } catch (const comms::Error& e) {
-      if (e.code() != comms::ErrorCode::kPeerFailure || attempt == kJoinAttempts) throw;
-      std::fprintf(stderr, "trainer: the admission failed, joining again: %s\n", e.what());
-    }
-  }
+  // An admission that fails on the members' side (a member lost during it)
+  // makes join() take a new ticket: the survivors admit it after recovering.
+  std::shared_ptr<comms::Comm> comm = comms::join(kWorldName);
   const auto joined = Clock::now();
   ElasticLoop loop(std::move(comm), -1, run, model, stop);
   Clock::time_point first_collective;
