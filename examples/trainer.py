@@ -360,6 +360,7 @@ class ElasticLoop:
     def train(self, step, admitted):
         """Steps `step`..steps; admitted: this process was admitted at step's boundary."""
         args, model = self.args, self.model
+        admitted_at_the_end = admitted and step > args.steps
         buf = np.zeros(model.params.size + 1, F32)
         lr = F32(args.lr)
         loss, boundary_passed = 0.0, admitted
@@ -397,6 +398,11 @@ class ElasticLoop:
             if comm.rank == 0 and (step % args.print_every == 0 or step == 1):
                 print("step %d loss %.9g world %d" % (step, loss, comm.size), flush=True)
             step += 1
+        # A newcomer waiting now ends with the job (its step is past the
+        # last) instead of waiting in join for its timeout (not one admitted
+        # there: the others have passed it).
+        if args.grow_step == 0 and not admitted_at_the_end:
+            self.admit_newcomers(args.steps + 1)
         self.comm.barrier()
         if self.comm.rank == 0:
             print("final_loss=%.9g world=%d" % (loss, self.comm.size), flush=True)

@@ -281,6 +281,11 @@ int ElasticLoop::train(int first, bool admitted) {
       return 128 + sig;
     }
   }
+  // A newcomer waiting now ends with the job (its step is past the last)
+  // instead of waiting in join() for its timeout. One that comes later
+  // still waits: nothing tells it that the job is over.
+  // (Not by a process admitted there: the others have passed it.)
+  if (run_.grow_step == 0 && !(admitted && first > run_.steps)) admit_newcomers(run_.steps + 1);
   stop_.at("the final barrier and shutdown", run_.steps);
   comm_->barrier();
   if (comm_->rank() == 0) std::printf("final_loss=%.9g world=%d\n", loss, comm_->size());
