@@ -21,6 +21,7 @@
 #include "comm/comm_impl.h"
 #include "comm/elastic_records.h"
 #include "comm/elastic_watch.h"
+#include "bootstrap/local_placement.h"
 #include "comms/bootstrap.h"
 #include "config/env.h"
 #include "store/store_tcp.h"
@@ -297,14 +298,6 @@ Comm::Impl::Config offered_config(const json& offer, const std::shared_ptr<Store
   c.store_local_address = tcp_store_local_address(*store);
   c.epoch = offer.at("epoch").get<uint64_t>();
   c.name = str::cat(internal::base_comm_name(offer.at("parent_name").get<std::string>()), "@e", c.epoch);
-  // Where this process sits on its host, as a rank started here would be.
-  try {
-    const BootstrapInfo boot = bootstrap_from_environment();
-    c.local_rank = boot.local_rank;
-    c.local_size = boot.local_world_size;
-  } catch (const Error& e) {
-    log::warning(str::cat("comms join: local rank unknown (", e.what(), "); using 0 of 1"));
-  }
   return c;
 }
 
@@ -352,6 +345,11 @@ std::shared_ptr<Comm> join_once(const std::shared_ptr<Store>& store, const std::
     Comm::Impl::Config c = offered;
     c.rank = rank;
     c.size = size;
+    // Where this process sits on its host (LOCAL_RANK and the like: a
+    // replacement started by a launcher has them, but no RANK).
+    const auto placement = internal::local_placement_from_environment(rank, size);
+    c.local_rank = placement.local_rank;
+    c.local_size = placement.local_size;
     c.rendezvous_ns = ad.parent_ns + suffix;
     return Comm::Impl::make_derived(c, d.handled, [](Comm::Impl& child) { child.create_backends(); });
   };
