@@ -17,6 +17,11 @@ creates groups from COMMS_ROUTE (direct or split).
 per-step commit vote with comms.agree_all, the step redone on the survivors);
 --fail-rank/--fail-step and --shrink-rank/--shrink-step end with the same
 final_loss (each other's, not the C++ trainer's: numpy sums the batch in another order).
+It heals as the C++ trainer does too: the members call comms.admit at every
+step boundary and rank 0 broadcasts the step and the parameters over the
+grown comm; a process started with COMMS_REPLACEMENT (commsrun --keep-going
+--replace) calls comms.join("world") instead of creating the world, receives
+them, and trains on. --grow-step G admits only before step G, waiting there.
 """
 import argparse
 import os
@@ -129,9 +134,11 @@ def parse_args(argv):
     ap.add_argument("--fail-step", type=int, default=0, help="inside this step's all_reduce")
     ap.add_argument("--shrink-rank", type=int, default=-1, help="with --elastic: a planned shrink removes this rank")
     ap.add_argument("--shrink-step", type=int, default=0, help="just before this step")
+    ap.add_argument("--grow-step", type=int, default=0,
+                    help="with --elastic: admit newcomers only before this step, waiting there (up to 60 s) for one")
     args = ap.parse_args(argv)
-    if not args.elastic and (args.fail_rank >= 0 or args.shrink_rank >= 0):
-        ap.error("--fail-rank and --shrink-rank need --elastic")
+    if not args.elastic and (args.fail_rank >= 0 or args.shrink_rank >= 0 or args.grow_step > 0):
+        ap.error("--fail-rank, --shrink-rank and --grow-step need --elastic")
     if args.elastic and (args.parallel or args.offload_every):
         ap.error("--elastic trains data-parallel over the world: no --parallel or --offload-every")
     for name in ("steps", "print_every", "batch"):
@@ -170,6 +177,8 @@ def gradient_group(args, world):
 
 
 def train(args):
+    if args.elastic and os.environ.get("COMMS_REPLACEMENT"):
+        return join_and_train(args)
     # device="cpu" binds eagerly: a missing peer shows up here.
     world = dist.init_process_group(device="cpu", elastic=True if args.elastic else None)
     if args.elastic:
@@ -251,61 +260,179 @@ def kill_inside_all_reduce():
     return go
 
 
+PLANNED_GROW_WAIT_S = 60  # --grow-step: how long the members wait for a newcomer
+PLANNED_GROW_POLL_S = 0.02
+
+
+class ElasticLoop:
+    """train_elastic of examples/trainer/elastic.cc: recovers from lost ranks
+    and admits newcomers at step boundaries."""
+
+    def __init__(self, comm, global_rank, args, model):
+        self.comm, self.global_rank, self.args, self.model = comm, global_rank, args, model
+        self.recovered = self.shrink_done = self.grow_done = False
+
+    def adopt(self, comm):
+        self.comm = comm
+        dist.destroy_process_group()  # the world group held the first comm, replaced now
+
+    def recover(self):
+        r = comms.recover(self.comm)
+        self.adopt(r["comm"])
+        if self.comm.rank == 0:
+            print("recovered: lost ranks [%s] in %d ms, world %d"
+                  % (",".join(map(str, r["lost"])), r["took_ms"], self.comm.size), flush=True)
+        self.recovered = True
+
+    def share_state(self, step):
+        """Rank 0's step and parameters to every rank (newcomers take them);
+        again on the survivors when a rank is lost meanwhile. Returns the step
+        and when the first broadcast completed (a newcomer's first collective)."""
+        first_done = None
+        while True:
+            header = np.array([step], np.int64)
+            ok = True
+            try:
+                self.comm.broadcast(header, root=0)
+                first_done = time.monotonic()
+                self.comm.broadcast(self.model.params, root=0)
+            except comms.Error as e:
+                if e.code in ("invalid_argument", "unsupported"):
+                    raise
+                print("trainer: sending the model before step %d failed, recovering: %s" % (step, e), file=sys.stderr)
+                ok = False
+            if comms.agree_all(self.comm, ok):
+                return int(header[0]), first_done
+            self.recover()
+
+    def planned_shrink(self, step):
+        """False when this rank is the one excluded."""
+        args = self.args
+        if self.shrink_done or step != args.shrink_step or not 0 <= args.shrink_rank < self.comm.size:
+            return True
+        self.shrink_done = True
+        smaller = comms.shrink(self.comm, exclude=[args.shrink_rank])
+        if smaller is None:
+            print("trainer: rank %d left by a planned shrink before step %d" % (self.global_rank, step))
+            return False
+        self.adopt(smaller)
+        if self.comm.rank == 0:
+            print("shrunk: excluded rank %d before step %d, world %d" % (args.shrink_rank, step, self.comm.size))
+        return True
+
+    def admit_newcomers(self, step):
+        """False when the admission failed and the comm was recovered instead."""
+        planned = self.args.grow_step > 0
+        if planned and (self.grow_done or step != self.args.grow_step):
+            return True
+        waiting_since = time.monotonic()
+        while True:
+            admitting_since = time.monotonic()
+            try:
+                grown = comms.admit(self.comm)
+            except comms.Error as e:
+                if e.code in ("invalid_argument", "unsupported"):
+                    raise
+                print("trainer: the admission before step %d failed, recovering: %s" % (step, e), file=sys.stderr)
+                self.recover()
+                return False
+            if not planned or grown is not self.comm:
+                break
+            if time.monotonic() - waiting_since > PLANNED_GROW_WAIT_S:
+                e = comms.Error("--grow-step %d: no newcomer joined %s within %d s (rank %d)"
+                                % (step, self.comm.name, PLANNED_GROW_WAIT_S, self.comm.rank))
+                e.code = "timeout"
+                raise e
+            time.sleep(PLANNED_GROW_POLL_S)
+        if grown is self.comm:
+            return True
+        self.grow_done = planned
+        before = self.comm.size
+        self.adopt(grown)
+        sending_since = time.monotonic()
+        self.share_state(step)
+        if self.comm.rank == 0:
+            print("grown: ranks [%s] joined in %.1f ms at step %d, world %d (state transfer %.1f ms)"
+                  % (",".join(map(str, range(before, self.comm.size))), (time.monotonic() - admitting_since) * 1e3,
+                     step, self.comm.size, (time.monotonic() - sending_since) * 1e3), flush=True)
+        return True
+
+    def train(self, step, admitted):
+        """Steps `step`..steps; admitted: this process was admitted at step's boundary."""
+        args, model = self.args, self.model
+        admitted_at_the_end = admitted and step > args.steps
+        buf = np.zeros(model.params.size + 1, F32)
+        lr = F32(args.lr)
+        loss, boundary_passed = 0.0, admitted
+        while step <= args.steps:
+            if not boundary_passed:
+                if not self.planned_shrink(step):
+                    self.comm = None
+                    dist.destroy_process_group()
+                    return 0
+                if not self.admit_newcomers(step):
+                    continue  # the boundary again, on the survivors
+            boundary_passed = False
+            comm = self.comm
+            elastic_step(comm, model, buf, step, args.batch)
+            dying = step == args.fail_step and self.global_rank >= 0 and self.global_rank == args.fail_rank
+            ok = True
+            try:
+                if dying:
+                    kill_inside_all_reduce().set()
+                comm.all_reduce(buf, op="sum")
+            except comms.Error as e:
+                if e.code in ("invalid_argument", "unsupported"):
+                    raise
+                ok = False
+            while dying:  # never past the step: its vote would count it in
+                time.sleep(1)
+            if not comms.agree_all(comm, ok):
+                self.recover()
+                continue  # redo the step on the survivors
+            if self.recovered and comm.rank == 0:
+                print("first step after recovery done (t=%.6f)" % time.time())
+                self.recovered = False
+            loss = float(buf[-1])
+            model.params -= lr * buf[:-1]
+            if comm.rank == 0 and (step % args.print_every == 0 or step == 1):
+                print("step %d loss %.9g world %d" % (step, loss, comm.size), flush=True)
+            step += 1
+        # A newcomer waiting now ends with the job (its step is past the
+        # last) instead of waiting in join for its timeout (not one admitted
+        # there: the others have passed it).
+        if args.grow_step == 0 and not admitted_at_the_end:
+            self.admit_newcomers(args.steps + 1)
+        self.comm.barrier()
+        if self.comm.rank == 0:
+            print("final_loss=%.9g world=%d" % (loss, self.comm.size), flush=True)
+        self.comm = None
+        dist.destroy_process_group()
+        return 0
+
+
 def train_elastic(args, world):
-    comm = world.comm
-    global_rank = world.rank
     model = Model(args.model == "mlp")
-    if comm.rank == 0:
+    if world.comm.rank == 0:
         model.init(42)
-    comm.broadcast(model.params, root=0)
-    buf = np.zeros(model.params.size + 1, F32)
-    lr = F32(args.lr)
-    loss, recovered, step = 0.0, False, 1
-    while step <= args.steps:
-        if step == args.shrink_step and 0 <= args.shrink_rank < comm.size:
-            smaller = comms.shrink(comm, exclude=[args.shrink_rank])
-            if smaller is None:
-                print("trainer: rank %d left by a planned shrink before step %d" % (global_rank, step))
-                dist.destroy_process_group()
-                return 0
-            comm = smaller
-            if comm.rank == 0:
-                print("shrunk: excluded rank %d before step %d, world %d" % (args.shrink_rank, step, comm.size))
-        elastic_step(comm, model, buf, step, args.batch)
-        dying = step == args.fail_step and global_rank == args.fail_rank
-        ok = True
-        try:
-            if dying:
-                kill_inside_all_reduce().set()
-            comm.all_reduce(buf, op="sum")
-        except comms.Error as e:
-            if e.code in ("invalid_argument", "unsupported"):
-                raise
-            ok = False
-        while dying:  # never past the step: its vote would count it in
-            time.sleep(1)
-        if not comms.agree_all(comm, ok):
-            r = comms.recover(comm)
-            comm = r["comm"]
-            if comm.rank == 0:
-                print("recovered: lost ranks [%s] in %d ms, world %d"
-                      % (",".join(map(str, r["lost"])), r["took_ms"], comm.size), flush=True)
-            recovered = True
-            continue  # redo the step on the survivors
-        if recovered and comm.rank == 0:
-            print("first step after recovery done (t=%.6f)" % time.time())
-            recovered = False
-        loss = float(buf[-1])
-        model.params -= lr * buf[:-1]
-        if comm.rank == 0 and (step % args.print_every == 0 or step == 1):
-            print("step %d loss %.9g" % (step, loss), flush=True)
-        step += 1
-    comm.barrier()
-    if comm.rank == 0:
-        print("final_loss=%.9g world=%d" % (loss, comm.size), flush=True)
-    comm = None
-    dist.destroy_process_group()
-    return 0
+    world.comm.broadcast(model.params, root=0)
+    return ElasticLoop(world.comm, world.rank, args, model).train(1, False)
+
+
+def join_and_train(args):
+    """A newcomer: joins the job's world comm, receives the model and the step."""
+    joining_since = time.monotonic()
+    # "world": the name comms.dist gives the world comm. An admission that
+    # fails on the members' side makes join take a new ticket.
+    comm = comms.join("world")
+    joined = time.monotonic()
+    loop = ElasticLoop(comm, -1, args, Model(args.model == "mlp"))
+    step, first_collective = loop.share_state(0)
+    print("trainer: joined as rank %d of %d before step %d: first collective %.1f ms after calling join "
+          "(join returned at %.1f ms), state transfer %.1f ms"
+          % (loop.comm.rank, loop.comm.size, step, (first_collective - joining_since) * 1e3,
+             (joined - joining_since) * 1e3, (time.monotonic() - joined) * 1e3), flush=True)
+    return loop.train(step, True)
 
 
 def main(argv=None):

@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -131,6 +132,10 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     int round = 0;        // agreement round in progress (a failed shrink retries)
     uint64_t votes = 0;   // agree_all calls so far
     std::vector<int> lost;  // the last agreed failed set
+    uint64_t admits = 0;  // admit calls so far
+    // Join tickets of this comm's name already admitted or dropped (-1:
+    // unknown, read from the store); a derived comm inherits it.
+    int64_t tickets_handled = -1;
   };
 
   explicit Impl(Config config);
@@ -240,6 +245,16 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   // returns null on a non-member.
   std::shared_ptr<Comm> shrink_to(const std::vector<int>& members, uint64_t epoch, const std::string& ns_suffix,
                                   const std::string& name_suffix = "");
+  // This comm's configuration as it is now (timeouts and hints set at run
+  // time included) for a comm of `size` ranks derived from it: rank
+  // `child_rank`, epoch `epoch`, namespace <this one><ns_suffix>, named
+  // "<base name>@e<epoch><name_suffix>".
+  Config derived_config(int size, int child_rank, uint64_t epoch, const std::string& ns_suffix,
+                        const std::string& name_suffix) const;
+  // A shrunk or grown comm of config `c`: its name registered (".2", ".3",
+  // ... appended when this process has a live comm of that name), its
+  // backends made by `build`; aborted and finalized if `build` throws.
+  static std::shared_ptr<Impl> make_derived(Config c, int64_t tickets_handled, const std::function<void(Impl&)>& build);
 
  private:
   plugin::BackendInit init_for(DeviceType t) const;
@@ -295,9 +310,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   uint64_t windows_made_ = 0;
   // Why a window op cannot run, or ok (window.cc).
   [[gnu::cold]] Status window_unusable(const internal::WindowState& w) const;
-  // Steps of shrink_to.
-  Config shrunk_config(const std::vector<int>& members, int child_rank, uint64_t epoch,
-                       const std::string& ns_suffix, const std::string& name_suffix) const;
+  // A step of shrink_to.
   bool shrink_natively(Impl& child, const std::vector<int>& members);
 };
 
@@ -316,6 +329,10 @@ struct CommAccess {
 // twice ("max_ctas" and "nccl.max_ctas").
 std::array<Hints, kNumDeviceTypes> route_hints(const Hints& hints, const BackendSpec& spec,
                                                std::string_view comm_name);
+
+// "world@e2", "world@e1-without3" -> "world": every epoch's name derives
+// from the first one, and newcomers join by it.
+std::string base_comm_name(const std::string& name);
 
 // Registers a live comm name; throws kInvalidArgument if it is taken.
 void register_comm_name(const std::string& name);

@@ -6,13 +6,11 @@
 #include "comms/elastic.h"
 
 #include <algorithm>
-#include <map>
 #include <set>
-#include <thread>
 
 #include "comm/comm_impl.h"
+#include "comm/elastic_records.h"
 #include "comm/elastic_watch.h"
-#include "config/env.h"
 #include "util/log.h"
 #include "util/strutil.h"
 
@@ -23,177 +21,28 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr milliseconds kDefaultLiveness{1000};
-// How long one wait for a decision record blocks before looking at who is
-// missing: a server-side wait, so a decision wakes it at once.
-constexpr milliseconds kDecisionPoll{50};
-
 Comm::Impl& impl_of(const Comm& comm) { return internal::CommAccess::impl(comm); }
 
-milliseconds liveness_timeout(const AgreeOptions& o) {
-  if (o.liveness_timeout) return *o.liveness_timeout;
-  if (auto v = env::get_duration("COMMS_ELASTIC_LIVENESS_TIMEOUT")) return *v;
-  return kDefaultLiveness;
-}
-
-// Which ranks are gone: their process ended on this host (seen at once), or
-// their heartbeat stood still for the liveness timeout since this rank first
-// looked (another host, or a stopped process). A process on this host that
-// runs is alive, however late its heartbeat: on a loaded machine a watcher
-// thread can miss its ticks for seconds.
-class Liveness {
- public:
-  Liveness(Store& store, const Comm::Impl& comm, milliseconds timeout)
-      : store_(store), comm_(comm), timeout_(timeout) {}
-
-  bool dead(int rank) {
-    auto key = keys_.find(rank);
-    if (key == keys_.end()) {
-      // Written when the comm was created, before it connected; if it is
-      // not there, only the deadline can tell.
-      Process p;
-      try {
-        p.heartbeat = internal::heartbeat_key_of(store_, comm_.config().rendezvous_ns, rank, timeout_, &p.pid);
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::kTimeout) throw;
-      }
-      key = keys_.emplace(rank, p).first;
-    }
-    if (key->second.pid >= 0) {
-      const internal::LocalState state = internal::local_state(key->second.pid);
-      if (state == internal::LocalState::kEnded) return true;
-      if (state == internal::LocalState::kRunning) return false;
-    }
-    if (key->second.heartbeat.empty()) return false;
-    const int64_t beat = store_.add(key->second.heartbeat, 0);
-    const auto now = Clock::now();
-    auto [it, first] = seen_.try_emplace(rank, beat, now);
-    if (first || it->second.first != beat) {
-      it->second = {beat, now};
-      return false;
-    }
-    return now - it->second.second >= timeout_;
-  }
-
- private:
-  Store& store_;
-  const Comm::Impl& comm_;
-  milliseconds timeout_;
-  struct Process {
-    std::string heartbeat;  // its counter's key ("": unknown)
-    int pid = -1;           // on this host, else -1
-  };
-  std::map<int, std::pair<int64_t, Clock::time_point>> seen_;
-  std::map<int, Process> keys_;
-};
-
-// Waits for `record`, which some rank writes once; `decide` is asked between
-// waits and returns the value to propose once this rank can decide (nullopt:
-// keep waiting). Returns the record's value.
-template <class Decide>
-std::string await_record(Store& store, const std::string& record, Decide&& decide) {
-  while (true) {
-    try {
-      return store.get(record, kDecisionPoll);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kTimeout) throw;
-    }
-    if (auto proposal = decide()) return store.compare_set(record, "", *proposal);
-  }
-}
-
-std::string encode_ranks(const std::vector<int>& ranks) { return str::cat("ranks:", str::join(ranks, ",")); }
-
-std::vector<int> decode_ranks(const std::string& text) {
-  std::vector<int> out;
-  const std::string_view body = std::string_view(text).substr(text.find(':') + 1);
-  size_t start = 0;
-  while (start < body.size()) {
-    size_t end = body.find(',', start);
-    if (end == std::string_view::npos) end = body.size();
-    out.push_back(std::stoi(std::string(body.substr(start, end - start))));
-    start = end + 1;
-  }
-  return out;
-}
-
-// The ranks of `all` (excluding `skip`) whose key "<dir>/<rank>" is still
-// missing; those found are remembered in `present`.
-std::vector<int> missing_ranks(Store& store, const std::string& dir, int size, const std::set<int>& skip,
-                               std::set<int>& present) {
-  std::vector<int> missing;
-  for (int r = 0; r < size; ++r) {
-    if (skip.count(r) || present.count(r)) continue;
-    if (store.check({str::cat(dir, "/", r)})) {
-      present.insert(r);
-    } else {
-      missing.push_back(r);
-    }
-  }
-  return missing;
-}
-
-struct Waiting {
-  Liveness live;
-  Clock::time_point deadline;
-  // Whether every rank in `missing` is dead, or the deadline passed.
-  bool give_up_on(const std::vector<int>& missing) {
-    if (Clock::now() >= deadline) return true;  // (missing is never empty here)
-    bool all_dead = true;
-    for (int r : missing) all_dead = live.dead(r) && all_dead;  // look at each: it starts their clocks
-    return all_dead;
-  }
-};
+using internal::await_record;
+using internal::decode_ranks;
+using internal::elastic_error;
+using internal::encode_ranks;
+using internal::Liveness;
+using internal::missing_ranks;
+using internal::need_elastic;
+using internal::through_store;
+using internal::Waiting;
 
 Waiting waiting(Comm::Impl& impl, const AgreeOptions& o) {
   const milliseconds timeout = o.timeout.value_or(impl.op_timeout());
-  return Waiting{Liveness(*impl.config().store, impl, liveness_timeout(o)), Clock::now() + timeout};
+  const std::string ns = impl.config().rendezvous_ns;
+  return Waiting{Liveness(*impl.config().store, [ns](int rank) { return internal::process_key(ns, rank); },
+                          internal::liveness_timeout(o.liveness_timeout)),
+                 Clock::now() + timeout};
 }
 
 std::string agree_dir(const Comm::Impl& impl, int round) {
   return str::cat(impl.config().rendezvous_ns, "/elastic/agree/r", round);
-}
-
-Error elastic_error(const Comm::Impl& impl, ErrorCode code, const std::string& what, const char* op) {
-  return impl.error(code, what, op);
-}
-
-void need_store(const Comm::Impl& impl, const char* op) {
-  if (!impl.config().store) {
-    throw elastic_error(impl, ErrorCode::kUnsupported, "elastic recovery needs the comm's store", op);
-  }
-}
-
-// Agreements tell a dead rank from a slow one by the heartbeats, and a
-// revocation reaches the other ranks through their watchers: both exist only
-// for elastic comms (a planned shrink needs neither).
-void need_elastic(const Comm::Impl& impl, const char* op) {
-  need_store(impl, op);
-  if (auto why = internal::store_lost(*impl.config().store)) {
-    throw elastic_error(impl, ErrorCode::kPeerFailure,
-                        str::cat(op, ": the job's store is lost (", *why, "): no agreement can run without it"), op);
-  }
-  if (!impl.config().elastic && impl.config().size > 1) {
-    throw elastic_error(impl, ErrorCode::kInvalidArgument,
-                        str::cat(op, ": the comm is not elastic, so its ranks neither heartbeat nor watch for "
-                                     "revocations; create it with CommOptions::elastic = true or COMMS_ELASTIC=1 "
-                                     "(commsrun --keep-going sets it)"),
-                        op);
-  }
-}
-
-// A store call that failed inside an elastic call throws an error about no
-// comm: make it this comm's, saying that the store is what failed.
-template <class F>
-auto through_store(const Comm::Impl& impl, const char* op, F&& call) {
-  try {
-    return call();
-  } catch (const Error& e) {
-    if (!e.comm().empty()) throw;
-    throw elastic_error(impl, e.code() == ErrorCode::kTimeout ? ErrorCode::kTimeout : ErrorCode::kPeerFailure,
-                        str::cat(op, ": the job's store failed (", e.what(), "); elastic recovery cannot work without it"),
-                        op);
-  }
 }
 
 }  // namespace

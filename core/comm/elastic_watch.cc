@@ -33,34 +33,7 @@ struct Watched {
   std::string ns;
 };
 
-// Unique to this process, across hosts and pid reuse. Leaked: the watcher
-// may tick while exit destroys static objects.
-const std::string& process_token() {
-  static const std::string* token = [] {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    std::random_device rd;
-    return new std::string(str::cat(host, ":", ::getpid(), ":", str::hex((uint64_t(rd()) << 32) | rd())));
-  }();
-  return *token;
-}
-
 std::string heartbeat_key(const std::string& token) { return str::cat("comms/elastic/hb/", token); }
-
-// "host:pid:nonce" -> the pid when that process is on this host, else -1.
-int local_pid(const std::string& token) {
-  const size_t last = token.rfind(':');
-  const size_t mid = last == std::string::npos || last == 0 ? std::string::npos : token.rfind(':', last - 1);
-  if (mid == std::string::npos) return -1;
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  if (token.compare(0, mid, host) != 0 || mid != std::strlen(host)) return -1;
-  try {
-    return std::stoi(token.substr(mid + 1, last - mid - 1));
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
 
 struct StoreState {
   int64_t revocations_seen = -1;
@@ -75,9 +48,11 @@ std::map<const Store*, std::string>& lost_stores() {
 }
 
 struct Registry {
-  std::mutex mu;       // guards comms
+  std::mutex mu;       // guards comms and heartbeat_only
   std::mutex tick_mu;  // held while a tick revokes; unwatch waits for it
   std::map<Comm::Impl*, Watched> comms;
+  // Stores heartbeated for a process with no comm on them yet (StoreHeartbeat), counted.
+  std::map<Store*, std::pair<std::shared_ptr<Store>, int>> heartbeat_only;
   std::map<Store*, StoreState> stores;  // the tick's own (one thread)
 };
 
@@ -160,6 +135,7 @@ void tick() {
       entry.first = w.store;
       entry.second.push_back(w.ns);
     }
+    for (auto& [raw, held] : reg.heartbeat_only) stores[raw].first = held.first;
   }
   std::erase_if(reg.stores, [&](const auto& kv) { return !stores.count(kv.first); });
   for (auto& [raw, entry] : stores) {
@@ -180,11 +156,58 @@ void tick() {
 }  // namespace
 
 std::string revoked_key(const std::string& ns) { return str::cat(ns, "/elastic/revoked"); }
-std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std::chrono::milliseconds timeout,
+
+// Unique to this process, across hosts and pid reuse. Leaked: the watcher
+// may tick while exit destroys static objects.
+const std::string& process_token() {
+  static const std::string* token = [] {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    std::random_device rd;
+    return new std::string(str::cat(host, ":", ::getpid(), ":", str::hex((uint64_t(rd()) << 32) | rd())));
+  }();
+  return *token;
+}
+
+std::string process_key(const std::string& ns, int rank) { return str::cat(ns, "/elastic/process/", rank); }
+
+// "host:pid:nonce" -> the pid when that process is on this host, else -1.
+int local_pid(const std::string& token) {
+  const size_t last = token.rfind(':');
+  const size_t mid = last == std::string::npos || last == 0 ? std::string::npos : token.rfind(':', last - 1);
+  if (mid == std::string::npos) return -1;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  if (token.compare(0, mid, host) != 0 || mid != std::strlen(host)) return -1;
+  try {
+    return std::stoi(token.substr(mid + 1, last - mid - 1));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+std::string heartbeat_key_at(Store& store, const std::string& token_key, std::chrono::milliseconds timeout,
                              int* pid) {
-  const std::string token = store.get(str::cat(ns, "/elastic/process/", rank), timeout);
+  const std::string token = store.get(token_key, timeout);
   *pid = local_pid(token);
   return heartbeat_key(token);
+}
+
+StoreHeartbeat::StoreHeartbeat(std::shared_ptr<Store> store) : store_(std::move(store)) {
+  trace::start_watcher();  // a process with no comm yet has no watcher thread
+  trace::set_tick_hook(&tick);
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto& held = reg.heartbeat_only[store_.get()];
+  held.first = store_;
+  ++held.second;
+}
+
+StoreHeartbeat::~StoreHeartbeat() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = reg.heartbeat_only.find(store_.get());
+  if (it != reg.heartbeat_only.end() && --it->second.second == 0) reg.heartbeat_only.erase(it);
 }
 
 LocalState local_state(int pid) {
@@ -218,7 +241,7 @@ void publish_revocation(Store& store, const std::string& ns, const std::string& 
 
 void watch_comm(Comm::Impl* impl, std::shared_ptr<Store> store, std::string ns, int rank) {
   try {
-    store->set(str::cat(ns, "/elastic/process/", rank), process_token());
+    store->set(process_key(ns, rank), process_token());
   } catch (const std::exception& e) {  // the comm's own rendezvous will say more
     log::warning(str::cat("comms elastic: cannot record this process for comm namespace '", ns, "': ", e.what()));
   }

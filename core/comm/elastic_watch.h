@@ -28,10 +28,29 @@ void watch_comm(Comm::Impl* impl, std::shared_ptr<Store> store, std::string ns, 
 void unwatch_comm(Comm::Impl* impl);
 
 std::string revoked_key(const std::string& ns);
-// The heartbeat counter of the process behind `rank` of the comm `ns`;
-// *pid is that process's pid when it is on this host, else -1.
-std::string heartbeat_key_of(Store& store, const std::string& ns, int rank, std::chrono::milliseconds timeout,
+// This process's token ("host:pid:nonce"), which keys its heartbeat.
+const std::string& process_token();
+// Where rank `rank` of the comm `ns` recorded its process's token.
+std::string process_key(const std::string& ns, int rank);
+// The heartbeat counter of the process whose token is stored at `token_key`
+// (process_key(), or a newcomer's ticket); *pid is that process's pid when
+// it is on this host, else -1.
+std::string heartbeat_key_at(Store& store, const std::string& token_key, std::chrono::milliseconds timeout,
                              int* pid);
+// The pid of the process of `token` when it is on this host, else -1.
+int local_pid(const std::string& token);
+// Heartbeats this process on `store` while no comm of it is watched there
+// (a newcomer waiting to be admitted): from construction to destruction.
+class StoreHeartbeat {
+ public:
+  explicit StoreHeartbeat(std::shared_ptr<Store> store);
+  ~StoreHeartbeat();
+  StoreHeartbeat(const StoreHeartbeat&) = delete;
+  StoreHeartbeat& operator=(const StoreHeartbeat&) = delete;
+
+ private:
+  std::shared_ptr<Store> store_;
+};
 // A process on this host, from /proc: a local rank needs no heartbeat to
 // tell that it ended, nor that it runs (a stalled watcher thread on a busy
 // machine is not a lost rank); only a stopped one (SIGSTOP) is judged by its

@@ -9,15 +9,13 @@
 
 namespace comms {
 
-namespace {
-
-// "world@e2", "world@e1-without3" -> "world": every epoch's name derives
-// from the first one.
-std::string base_name(const std::string& name) {
+std::string internal::base_comm_name(const std::string& name) {
   const size_t at = name.rfind("@e");
   if (at == std::string::npos || at + 2 == name.size() || name[at + 2] < '0' || name[at + 2] > '9') return name;
   return name.substr(0, at);
 }
+
+namespace {
 
 // Registers `name`, or "<name>.2", "<name>.3", ... when this process already
 // has a live comm of that name (say, a planned shrink's that is still used).
@@ -36,13 +34,13 @@ std::string register_unique(const std::string& name) {
 
 }  // namespace
 
-Comm::Impl::Config Comm::Impl::shrunk_config(const std::vector<int>& members, int child_rank, uint64_t epoch,
-                                             const std::string& ns_suffix, const std::string& name_suffix) const {
+Comm::Impl::Config Comm::Impl::derived_config(int size, int child_rank, uint64_t epoch, const std::string& ns_suffix,
+                                              const std::string& name_suffix) const {
   Config c;
-  c.name = str::cat(base_name(config_.name), "@e", epoch, name_suffix);
+  c.name = str::cat(internal::base_comm_name(config_.name), "@e", epoch, name_suffix);
   c.rendezvous_ns = config_.rendezvous_ns + ns_suffix;
   c.rank = child_rank;
-  c.size = static_cast<int>(members.size());
+  c.size = size;
   c.local_rank = config_.local_rank;
   c.local_size = config_.local_size;
   c.spec = config_.spec;
@@ -96,25 +94,34 @@ std::shared_ptr<Comm> Comm::Impl::shrink_to(const std::vector<int>& members, uin
     if (members[i] == config_.rank) child_rank = static_cast<int>(i);
   }
   if (child_rank < 0) return nullptr;
-  Config c = shrunk_config(members, child_rank, epoch, ns_suffix, name_suffix);
+  auto impl = make_derived(derived_config(static_cast<int>(members.size()), child_rank, epoch, ns_suffix, name_suffix),
+                           elastic_.tickets_handled, [&](Impl& child) {
+                             if (!shrink_natively(child, members)) child.create_backends();
+                           });
+  if (log::enabled(log::Level::kInfo)) {
+    log::info(str::cat("shrunk comm '", config_.name, "' to '", impl->config().name, "' (ranks [",
+                       str::join(members, ","), "]): ", impl->describe()));
+  }
+  return std::make_shared<Comm>(impl);
+}
+
+std::shared_ptr<Comm::Impl> Comm::Impl::make_derived(Config c, int64_t tickets_handled,
+                                                     const std::function<void(Impl&)>& build) {
   c.name = register_unique(c.name);
   auto impl = std::make_shared<Impl>(c);
+  impl->elastic_.tickets_handled = tickets_handled;
   try {
-    if (!shrink_natively(*impl, members)) impl->create_backends();
+    build(*impl);
   } catch (...) {
     try {
-      impl->abort("shrink failed");
+      impl->abort("building it failed");
       impl->finalize();
     } catch (const std::exception& e) {
-      log::error(str::cat("cleaning up after a failed shrink to '", c.name, "': ", e.what()));
+      log::error(str::cat("cleaning up after failing to build comm '", c.name, "': ", e.what()));
     }
     throw;
   }
-  if (log::enabled(log::Level::kInfo)) {
-    log::info(str::cat("shrunk comm '", config_.name, "' to '", c.name, "' (ranks [", str::join(members, ","),
-                       "]): ", impl->describe()));
-  }
-  return std::make_shared<Comm>(impl);
+  return impl;
 }
 
 }  // namespace comms

@@ -226,6 +226,12 @@ std::shared_ptr<Recorder> register_comm(CommInfo info) {
 
 void set_tick_hook(void (*hook)()) { tick_hook.store(hook); }
 
+void start_watcher() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  start_watcher(reg);
+}
+
 bool dump(const Recorder& recorder, const std::string& reason) {
   const auto dir = env::get("COMMS_TRACE_DIR");
   if (!dir || dir->empty()) return false;

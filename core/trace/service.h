@@ -18,6 +18,10 @@ std::shared_ptr<Recorder> register_comm(CommInfo info);
 // Runs `hook` on the watcher thread about every 100 ms (elastic recovery's
 // heartbeats and revocation checks). It must not block for long.
 void set_tick_hook(void (*hook)());
+// Starts the watcher thread unless it runs (register_comm does for a comm
+// with peers; a process with none yet, such as a newcomer waiting to join,
+// still heartbeats through the tick hook).
+void start_watcher();
 
 // Writes $COMMS_TRACE_DIR/<comm>.rank<R>.json (nothing when it is unset).
 // Never throws; a failure is logged.

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "comms/comm.h"
+#include "comms/store.h"
 
 namespace comms {
 
@@ -107,7 +108,64 @@ COMMS_API Recovery recover(Comm& comm, const AgreeOptions& options = {});
 // no survivor applies a step that another could not complete.
 COMMS_API bool agree_all(Comm& comm, bool ok, const AgreeOptions& options = {});
 
-// How many shrinks led to this comm (0 for one made by new_comm or split).
+// How many shrinks and admissions led to this comm (0 for one made by
+// new_comm or split).
 COMMS_API uint64_t epoch(const Comm& comm);
+
+// ---- Growing: a newcomer joins, the members admit it ----------------------
+//
+//   // newcomer (started with the job's store variables, COMMS_STORE etc.):
+//   auto comm = comms::join("world");        // blocks until admitted
+//   // every member, at a step boundary of its choice:
+//   comm = comms::admit(comm);              // the same comm when nobody waits
+//
+// The members keep their ranks; newcomers get N, N+1, ... in the order they
+// called join(). The grown comm inherits the parent's backends, device,
+// options, hints and timeouts (the newcomer learns them from the members
+// through the store), is named "<first name>@e<epoch + 1>" and is built
+// under a fresh store namespace.
+
+struct JoinOptions {
+  // How long to wait to be admitted; then Error(kTimeout), and no admit
+  // takes this newcomer any more. Unset: COMMS_INIT_TIMEOUT, else 5 min.
+  std::optional<std::chrono::milliseconds> timeout;
+  // The job's store. Unset: default_store() from COMMS_STORE or
+  // MASTER_ADDR/MASTER_PORT (never hosted by the newcomer).
+  std::shared_ptr<Store> store;
+};
+
+struct AdmitOptions {
+  // How long to wait for the leader's decision and, once newcomers are
+  // taken, for every participant to build the grown comm (on top of the
+  // init timeout the building itself may take); participants still missing
+  // then are lost. Unset: the comm's op timeout.
+  std::optional<std::chrono::milliseconds> timeout;
+  // As AgreeOptions::liveness_timeout.
+  std::optional<std::chrono::milliseconds> liveness_timeout;
+};
+
+// Joins the elastic comm named `name` (the name the job gave new_comm, or
+// any of its epochs' names) as a newcomer: takes a ticket in the store,
+// heartbeats there, and blocks until the members admit it. Returns the
+// grown comm. An admission that fails on the members' side (a member lost
+// during it: they recover() and admit again at their next step; or the
+// others dropped this process as lost) is retried with a new ticket. Throws
+// Error(kTimeout) when none succeeded within the timeout (the last failure
+// is thrown when it came at the deadline).
+COMMS_API std::shared_ptr<Comm> join(const std::string& name, const JoinOptions& options = {});
+
+// Admits the newcomers waiting to join `comm`'s name. Collective over the
+// members of `comm` (all call it at the same point); returns `comm` itself
+// when nobody waits, which costs rank 0 (the leader) one store add and one
+// set and every other rank one store get: no op on the comm. Otherwise
+// every member and newcomer builds the grown comm and confirms it through
+// the store before any returns it: every participant gets the same member
+// list or an error. A newcomer lost meanwhile is dropped and the others
+// build again without it (`comm` itself comes back when none is left); a
+// member lost meanwhile fails the admission with Error(kPeerFailure) on
+// every participant, and recover(*comm) then shrinks `comm` as after any
+// loss. `comm` stays usable either way; destroy it once the grown comm is
+// in use. Elastic comms only (kInvalidArgument otherwise).
+COMMS_API std::shared_ptr<Comm> admit(const std::shared_ptr<Comm>& comm, const AdmitOptions& options = {});
 
 }  // namespace comms

@@ -1,5 +1,5 @@
 // comms/elastic.h for Python: revoke, agree_on_failures, shrink, recover,
-// agree_all. The blocking calls release the GIL.
+// agree_all, join, admit. The blocking calls release the GIL.
 #include "bindings.h"
 #include "comms/elastic.h"
 
@@ -81,6 +81,23 @@ void bind_elastic(py::module_& m) {
     return comms::agree_all(c, ok, agree_options(timeout, std::nullopt));
   }, py::arg("comm"), py::arg("ok"), py::kw_only(), py::arg("timeout") = py::none(),
   "Per-step commit vote: True on every rank iff every rank passed ok=True.");
+  m.def("join", [](const std::string& name, std::optional<Millis> timeout) {
+    comms::JoinOptions o;
+    o.timeout = timeout;
+    py::gil_scoped_release nogil;
+    return comms::join(name, o);
+  }, py::arg("name"), py::kw_only(), py::arg("timeout") = py::none(),
+  "Joins the elastic job's comm `name` as a newcomer; blocks until the members admit it and returns "
+  "the grown comm (this process's rank: after the members').");
+  m.def("admit", [](const CommPtr& c, std::optional<Millis> timeout, std::optional<Millis> liveness) {
+    comms::AdmitOptions o;
+    o.timeout = timeout;
+    o.liveness_timeout = liveness;
+    py::gil_scoped_release nogil;
+    return comms::admit(c, o);
+  }, py::arg("comm"), py::kw_only(), py::arg("timeout") = py::none(), py::arg("liveness_timeout") = py::none(),
+  "Collective over the members: the grown comm with the waiting newcomers, or `comm` itself when "
+  "nobody waits (one store read per rank).");
 }
 
 }  // namespace comms_py

@@ -3,6 +3,7 @@
 import os
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -71,3 +72,57 @@ def test_elastic_loss_of_a_killed_rank_equals_a_planned_shrink_and_the_cxx_train
     assert final and final == re.findall(r"final_loss=(\S+) world=3", planned), (failed, planned)
     cxx_final = float(re.findall(r"final_loss=(\S+) world=3", cxx)[0])
     assert abs(float(final[0]) - cxx_final) <= 1e-5 * abs(cxx_final), (final, cxx_final)
+
+
+HEAL_STEPS = "4000"  # long enough for a replacement to start and be admitted before the end
+GROWN = re.compile(r"grown: ranks \[3\] joined in [\d.]+ ms at step (\d+), world 4 \(state transfer [\d.]+ ms\)")
+
+
+def environment_of(pid):
+    with open("/proc/%d/environ" % pid, "rb") as f:
+        entries = [e.decode() for e in f.read().split(b"\0") if b"=" in e]
+    return dict(e.split("=", 1) for e in entries)
+
+
+def test_elastic_heal_a_replacement_joins_and_the_loss_equals_a_planned_shrink_and_grow():
+    program = [PYTHON, PY_TRAINER, "--elastic", "--steps", HEAL_STEPS, "--print-every", "500"]
+    env = job_env(COMMS_OP_TIMEOUT="20s", COMMS_INIT_TIMEOUT="20s")
+    failed = subprocess.run([COMMSRUN, "-n", "4", "--keep-going", "--replace", "--timeout", "100", "--"] + program +
+                            ["--fail-rank", "1", "--fail-step", "7"], env=env, capture_output=True, text=True,
+                            timeout=115)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode == 0, out
+    assert "recovered: lost ranks [1] in " in out, out
+    assert re.search(r"--replace: 1 replacement: \+1 \(pid \d+, in place of rank 1\)", out), out
+    grown = GROWN.findall(out)
+    assert len(grown) == 1 and int(grown[0]) >= 7, out
+    final = re.findall(r"final_loss=(\S+) world=4", out)
+    assert len(final) == 1, out
+
+    # The same shrink and grow by plan; the test starts the newcomer with a
+    # rank's environment (the job's store), as commsrun --replace would.
+    plan = ["--shrink-rank", "1", "--shrink-step", "7", "--grow-step", grown[0]]
+    job = subprocess.Popen([COMMSRUN, "-n", "4", "--timeout", "100", "--"] + program + plan, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        children = []
+        deadline = time.monotonic() + 20
+        while len(children) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with open("/proc/%d/task/%d/children" % (job.pid, job.pid)) as f:
+                children = [int(c) for c in f.read().split()]
+        assert children, "commsrun started no ranks"
+        newcomer_env = environment_of(children[0])
+        newcomer_env.pop("RANK", None)
+        newcomer_env["COMMS_REPLACEMENT"] = "1"
+        newcomer = subprocess.run(program + plan, env=newcomer_env, capture_output=True, text=True, timeout=100)
+        planned, _ = job.communicate(timeout=100)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, planned
+    assert newcomer.returncode == 0, newcomer.stdout + newcomer.stderr
+    assert "joined as rank 3 of 4 before step %s:" % grown[0] in newcomer.stdout, newcomer.stdout
+    assert GROWN.findall(planned) == grown, planned
+    assert re.findall(r"final_loss=(\S+) world=4", planned) == final, (out, planned)
