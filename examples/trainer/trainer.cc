@@ -26,6 +26,7 @@
 #include <CLI/CLI.hpp>
 
 #include "comms/comms.h"
+#include "comms/env.h"
 #include "elastic.h"
 #include "trainer.h"
 
@@ -85,8 +86,7 @@ int main(int argc, char** argv) {
       erun.global_batch = global_batch;
       erun.lr = lr;
       Model model(model_kind == "mlp");
-      const char* replacement = std::getenv("COMMS_REPLACEMENT");
-      if (replacement && *replacement) return join_and_train(erun, model, stop);
+      if (comms::env::get("COMMS_REPLACEMENT")) return join_and_train(erun, model, stop);
     }
     stop.at("initialisation (init_process_group and group creation)");
     // Binding the CPU device connects the world eagerly, so a bad backend or

@@ -55,6 +55,7 @@ const std::map<std::string, Decision>& decisions() {
                                            "StoreAuth tests cover"}},
       {"COMMS_STORE_TOKEN_FILE",
        {Malformed{"COMMS_STORE_TOKEN_FILE", "/nonexistent/token", {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}}}}},
+      {"COMMS_REPLACEMENT", {std::nullopt, "its presence, not its value, is what a program reads; libcomms never reads it"}},
       {"COMMS_PLUGIN_PATH", {std::nullopt, "a list of directories, searched in turn; one that does not exist is "
                                            "skipped, as PATH does"}},
       {"COMMS_BACKEND_LIB_<NAME>", {Malformed{"COMMS_BACKEND_LIB_GLOO", "/nonexistent/libcomms-gloo.so"}}},
