@@ -23,16 +23,6 @@ Status no_windows(NcclApi& api) {
                                        nccl_version_string(api.loaded_version())};
 }
 
-const char* window_op_name(WindowOpType t) {
-  switch (t) {
-    case WindowOpType::kPut: return "put";
-    case WindowOpType::kSignal: return "signal";
-    case WindowOpType::kWaitSignal: return "wait_signal";
-    case WindowOpType::kFlush: return "flush";
-  }
-  return "window op";
-}
-
 }  // namespace
 
 Status Core::register_window_locked(void* data, size_t bytes, void** window) {
@@ -83,12 +73,12 @@ void Core::release_windows_locked(std::vector<std::string>* errors) {
 
 Status Core::submit_window_locked(const WindowOpDesc& op, std::shared_ptr<WorkState>* out_work) {
   if (!api_->has_one_sided()) return no_windows(*api_);
-  const char* name = window_op_name(op.type);
+  const char* name = plugin::window_op_name(op.type).data();  // a literal: null-terminated, static
   if (!failure_.is_ok()) return failed_earlier(name);  // its windows went with the communicator
   auto win = static_cast<ncclWindow_t>(op.window);
   if (op.type != WindowOpType::kSignal && op.type != WindowOpType::kWaitSignal &&
       std::find(windows_.begin(), windows_.end(), win) == windows_.end()) {
-    return {ErrorCode::kInvalidArgument, std::string(window_op_name(op.type)) +
+    return {ErrorCode::kInvalidArgument, std::string(name) +
                                              ": not a window registered on this communicator"};
   }
   std::vector<WaitSignalDesc> waits;

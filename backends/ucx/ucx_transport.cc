@@ -566,32 +566,29 @@ void UcxTransport::cancel(void*& req) {
   req = nullptr;
 }
 
-void UcxTransport::progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until,
-                                     Clock::time_point yield_from) {
-  if (ucp_worker_progress(worker_)) return;
+void WaitPolicy::progress_or_sleep(ucp_worker_h worker, int efd, Clock::time_point deadline, const Phases& phases,
+                                   int min_sleep_ms, int max_sleep_ms) const {
+  if (ucp_worker_progress(worker)) return;
   const auto now = Clock::now();
-  if (spin_forever_ || now < spin_until) {
+  if (spin_forever_.load(std::memory_order_relaxed) || now < phases.spin_until) {
     // Past the first microseconds, hand the core to whichever task can run
     // (likely the peer this wait needs) instead of burning the time slice.
-    if (yield_ && now >= yield_from) sched_yield();
+    if (yield_.load(std::memory_order_relaxed) && now >= phases.yield_from) sched_yield();
     return;
   }
-  if (efd_ < 0) {
+  if (efd < 0) {
     sched_yield();
     return;
   }
-  if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;  // events are waiting: progress again
+  if (ucp_worker_arm(worker) == UCS_ERR_BUSY) return;  // events are waiting: progress again
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-  pollfd p{efd_, POLLIN, 0};
-  // Bounded: a transport that misses a wake-up costs at most this.
-  ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 1, 10)));
+  pollfd p{efd, POLLIN, 0};
+  ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, min_sleep_ms, max_sleep_ms)));
 }
 
 void UcxTransport::wait(void*& req, int peer, Clock::time_point deadline, const char* what) {
   if (!req) return;  // done at once
-  const auto start = Clock::now();
-  const auto spin_until = start + std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
-  const auto yield_from = start + std::chrono::microseconds(yield_after_us_.load(std::memory_order_relaxed));
+  const WaitPolicy::Phases phases = wait_policy_.start();
   for (;;) {
     const ucs_status_t s = ucp_request_check_status(req);
     if (s != UCS_INPROGRESS) {
@@ -624,7 +621,8 @@ void UcxTransport::wait(void*& req, int peer, Clock::time_point deadline, const 
       cancel(req);
       fail(Kind::kTimeout, peer, std::string(what) + " with rank " + std::to_string(peer) + " timed out");
     }
-    progress_or_sleep(deadline, spin_until, yield_from);
+    // A missed wake-up costs at most the 10 ms bound.
+    wait_policy_.progress_or_sleep(worker_, efd_, deadline, phases, 1, 10);
   }
 }
 

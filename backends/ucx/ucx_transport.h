@@ -47,6 +47,40 @@ struct UcxSettings {
   bool shm = true;                            // COMMS_UCX_SHM: the shared-memory collectives
 };
 
+// How a wait loop spends the time between checks of what it waits for:
+// progress the worker, spin, past yield_after hand the core over each pass,
+// and past spin sleep on the worker's event fd. The busy_poll hint changes
+// the settings while ops wait, hence atomics.
+class WaitPolicy {
+ public:
+  void set(const UcxSettings& s) {
+    spin_forever_ = s.spin_forever;
+    spin_us_ = s.spin.count();
+    yield_ = s.yield;
+    yield_after_us_ = s.yield_after.count();
+  }
+  // When a wait that starts now stops spinning and starts yielding.
+  struct Phases {
+    Clock::time_point spin_until, yield_from;
+  };
+  Phases start() const {
+    const auto now = Clock::now();
+    return {now + std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed)),
+            now + std::chrono::microseconds(yield_after_us_.load(std::memory_order_relaxed))};
+  }
+  // One pass of a wait on `worker` that found nothing done. A sleep on
+  // `efd` (-1: none, yield instead) lasts until `deadline`, clamped to
+  // [min_sleep_ms, max_sleep_ms]: the bound is what a missed wake-up costs.
+  void progress_or_sleep(ucp_worker_h worker, int efd, Clock::time_point deadline, const Phases& phases,
+                         int min_sleep_ms, int max_sleep_ms) const;
+
+ private:
+  std::atomic<bool> spin_forever_{false};
+  std::atomic<int64_t> spin_us_{0};
+  std::atomic<bool> yield_{false};
+  std::atomic<int64_t> yield_after_us_{0};
+};
+
 // The eager/rendezvous threshold a context gets, for describe(): the hint,
 // else UCX_RNDV_THRESH, else comms' default (every small-op message eager).
 std::string rndv_thresh_text(const UcxSettings& settings);
@@ -149,12 +183,7 @@ class UcxTransport final : public cpu_algorithms::Transport {
   std::string transports() const;
 
   // The polling part of the settings; may change while an op waits.
-  void set_spin(const UcxSettings& s) {
-    spin_forever_ = s.spin_forever;
-    spin_us_ = s.spin.count();
-    yield_ = s.yield;
-    yield_after_us_ = s.yield_after.count();
-  }
+  void set_spin(const UcxSettings& s) { wait_policy_.set(s); }
 
  private:
   struct PeerSlot {
@@ -196,7 +225,6 @@ class UcxTransport final : public cpu_algorithms::Transport {
   void* post_recv(int peer, uint64_t tag, void* data, size_t len);
   // Waits for req; throws TransportError on a timeout, abort or failure of peer.
   void wait(void*& req, int peer, Clock::time_point deadline, const char* what);
-  void progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until, Clock::time_point yield_from);
   void cancel(void*& req);
   void reap();  // frees finished in-flight copies
   void limit_in_flight(int peer, Clock::time_point deadline);
@@ -228,10 +256,7 @@ class UcxTransport final : public cpu_algorithms::Transport {
   size_t eager_limit_ = 0;  // messages shorter than this go eager; 0: not known (a threshold was given)
   std::vector<std::pair<void*, int>> in_place_;  // this op's send_stable requests and their peers
   std::atomic<bool> aborted_{false};
-  std::atomic<bool> spin_forever_{false};
-  std::atomic<int64_t> spin_us_{0};
-  std::atomic<bool> yield_{false};
-  std::atomic<int64_t> yield_after_us_{0};
+  WaitPolicy wait_policy_;
 };
 
 }  // namespace comms::ucx_backend

@@ -79,12 +79,7 @@ UcxWindows::~UcxWindows() {
   if (context_) ucp_cleanup(context_);
 }
 
-void UcxWindows::set_spin(const UcxSettings& s) {
-  spin_forever_ = s.spin_forever;
-  spin_us_ = s.spin.count();
-  yield_ = s.yield;
-  yield_after_us_ = s.yield_after.count();
-}
+void UcxWindows::set_spin(const UcxSettings& s) { wait_policy_.set(s); }
 
 void UcxWindows::fail(Kind kind, int peer, const std::string& what) const { throw TransportError(kind, peer, what); }
 
@@ -327,9 +322,7 @@ void UcxWindows::flush_peer(Window& w, int peer, Clock::time_point deadline) {
 }
 
 void UcxWindows::wait_signal(Window& w, const plugin::WindowOpDesc& op, Clock::time_point deadline) {
-  const auto start = Clock::now();
-  const auto spin_until = start + std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
-  const auto yield_from = start + std::chrono::microseconds(yield_after_us_.load(std::memory_order_relaxed));
+  const WaitPolicy::Phases phases = wait_policy_.start();
   for (;;) {
     int short_of = -1;  // a rank whose signals are still missing
     for (int r = 0; r < size_ && short_of < 0; ++r) {
@@ -350,7 +343,7 @@ void UcxWindows::wait_signal(Window& w, const plugin::WindowOpDesc& op, Clock::t
                std::to_string(op.signal_counts[static_cast<size_t>(short_of)]) + " signals from rank " +
                std::to_string(short_of) + " arrived within the timeout (none was consumed)");
     }
-    progress_or_sleep(deadline, spin_until, yield_from);
+    progress_or_sleep(deadline, phases);
   }
 }
 
@@ -378,9 +371,7 @@ void UcxWindows::wait(ucs_status_ptr_t req, int peer, Clock::time_point deadline
     fail(Kind::kPeerFailure, peer, std::string(what) + " to rank " + std::to_string(peer) + ": " +
                                        status_text(UCS_PTR_STATUS(req)));
   }
-  const auto start = Clock::now();
-  const auto spin_until = start + std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
-  const auto yield_from = start + std::chrono::microseconds(yield_after_us_.load(std::memory_order_relaxed));
+  const WaitPolicy::Phases phases = wait_policy_.start();
   for (;;) {
     const ucs_status_t s = ucp_request_check_status(req);
     if (s != UCS_INPROGRESS) {
@@ -404,27 +395,13 @@ void UcxWindows::wait(ucs_status_ptr_t req, int peer, Clock::time_point deadline
       fail(aborted_ ? Kind::kAborted : Kind::kTimeout, peer,
            std::string(what) + " to rank " + std::to_string(peer) + " " + why);
     }
-    progress_or_sleep(deadline, spin_until, yield_from);
+    progress_or_sleep(deadline, phases);
   }
 }
 
-void UcxWindows::progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until,
-                                   Clock::time_point yield_from) {
-  if (ucp_worker_progress(worker_)) return;
-  const auto now = Clock::now();
-  if (spin_forever_ || now < spin_until) {
-    if (yield_ && now >= yield_from) sched_yield();
-    return;
-  }
-  if (efd_ < 0) {
-    sched_yield();
-    return;
-  }
-  if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-  pollfd p{efd_, POLLIN, 0};
+void UcxWindows::progress_or_sleep(Clock::time_point deadline, const WaitPolicy::Phases& phases) {
   // 1 ms at most: a signal written by a CPU atomic wakes no one.
-  ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 1)));
+  wait_policy_.progress_or_sleep(worker_, efd_, deadline, phases, 0, 1);
 }
 
 }  // namespace comms::ucx_backend

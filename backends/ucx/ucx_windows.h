@@ -86,7 +86,7 @@ class UcxWindows {
   // Throws kPeerFailure once peer is known dead (its pid checked at most
   // every kLivenessPeriod).
   void check_peer(int peer);
-  void progress_or_sleep(Clock::time_point deadline, Clock::time_point spin_until, Clock::time_point yield_from);
+  void progress_or_sleep(Clock::time_point deadline, const WaitPolicy::Phases& phases);
   [[noreturn]] void fail(cpu_algorithms::TransportError::Kind kind, int peer, const std::string& what) const;
   static void on_peer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
@@ -116,10 +116,7 @@ class UcxWindows {
   uint64_t windows_made_ = 0;  // names each window's store keys (registration is collective)
   const uint64_t one_ = 1;     // the operand of every signal
   std::atomic<bool> aborted_{false};
-  std::atomic<bool> spin_forever_{false};
-  std::atomic<int64_t> spin_us_{0};
-  std::atomic<bool> yield_{false};
-  std::atomic<int64_t> yield_after_us_{0};
+  WaitPolicy wait_policy_;
 };
 
 }  // namespace comms::ucx_backend

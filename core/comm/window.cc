@@ -14,6 +14,7 @@
 namespace comms {
 
 using plugin::WindowOpType;
+using plugin::window_op_name;
 
 namespace internal {
 
@@ -35,16 +36,6 @@ namespace {
 bool plugin_has_windows(const internal::LoadedPlugin& p) {
   return plugin::abi_minor(p.descriptor->abi_version) >= 6 &&
          (p.descriptor->features & plugin::kFeatureWindows) != 0;
-}
-
-std::string_view window_op_name(WindowOpType t) {
-  switch (t) {
-    case WindowOpType::kPut: return "put";
-    case WindowOpType::kSignal: return "signal";
-    case WindowOpType::kWaitSignal: return "wait_signal";
-    case WindowOpType::kFlush: return "flush";
-  }
-  return "window op";
 }
 
 Status invalid(std::string message) { return {ErrorCode::kInvalidArgument, std::move(message)}; }

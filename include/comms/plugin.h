@@ -204,6 +204,7 @@ struct WindowOpDesc {
   std::chrono::milliseconds timeout{0};
   void* stream = nullptr;    // caller's cudaStream_t, or null
 };
+std::string_view window_op_name(WindowOpType t);
 // ---- end of ABI 2.6 ----
 
 struct BackendInit {
@@ -474,4 +475,14 @@ inline std::string_view comms::plugin::op_name(OpType t) {
     case OpType::kBatchP2P: return "batch_p2p";
   }
   return "unknown";
+}
+
+inline std::string_view comms::plugin::window_op_name(WindowOpType t) {
+  switch (t) {
+    case WindowOpType::kPut: return "put";
+    case WindowOpType::kSignal: return "signal";
+    case WindowOpType::kWaitSignal: return "wait_signal";
+    case WindowOpType::kFlush: return "flush";
+  }
+  return "window op";
 }

@@ -12,8 +12,6 @@ namespace {
 
 constexpr bool kNcclHasFp8 = NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0);
 
-bool reduces(OpType t) { return t == OpType::kAllReduce || t == OpType::kReduce || t == OpType::kReduceScatter; }
-
 ncclDataType_t native_type(DataType t) {
   switch (t) {
     case DataType::kInt8: return ncclInt8;

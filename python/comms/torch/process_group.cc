@@ -48,17 +48,6 @@ comms::ReduceOp reduce_op_of(const c10d::ReduceOp& op, const at::Tensor& t, cons
   }
 }
 
-// comms refuses bad input with kInvalidArgument before anything is sent; torch
-// users expect ValueError for that (pybind11 maps std::invalid_argument).
-template <class F>
-comms::Work issue(F&& f) {
-  try {
-    return f();
-  } catch (const comms::Error& e) {
-    if (e.code() == comms::ErrorCode::kInvalidArgument) throw std::invalid_argument(e.what());
-    throw;
-  }
-}
 
 // Whether torch will wait for the op's work before anything else (torch sets
 // asyncOp from async_op; a torch without the field: always asynchronous).

@@ -6,16 +6,32 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "comms/error.h"
 #include "comms/types.h"
+#include "comms/work.h"
 
 namespace comms_torch {
 
 // Whether the op combines values (then the dtype must be one comms reduces)
 // or only moves them (then a dtype comms has no name for travels as bytes).
 [[noreturn]] void fail(const char* call, const std::string& what);
+
+// Runs f, which issues a comms op. comms refuses bad input with
+// kInvalidArgument before anything is sent; torch users expect ValueError
+// for that (pybind11 maps std::invalid_argument).
+template <class F>
+comms::Work issue(F&& f) {
+  try {
+    return f();
+  } catch (const comms::Error& e) {
+    if (e.code() == comms::ErrorCode::kInvalidArgument) throw std::invalid_argument(e.what());
+    throw;
+  }
+}
 
 // torch's name of a dtype: "float32", "int16", "complex64".
 std::string dtype_name(at::ScalarType s);

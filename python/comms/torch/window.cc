@@ -14,16 +14,6 @@ comms::OpOptions options_of(std::chrono::milliseconds timeout, bool async_op) {
   return o;
 }
 
-// As the group's ops: a refused argument is a ValueError in Python.
-template <class F>
-comms::Work issue(F&& f) {
-  try {
-    return f();
-  } catch (const comms::Error& e) {
-    if (e.code() == comms::ErrorCode::kInvalidArgument) throw std::invalid_argument(e.what());
-    throw;
-  }
-}
 
 int peer_of(int64_t rank, const char* call) {
   TORCH_CHECK(rank >= 0 && rank <= INT32_MAX, call, ": rank ", rank, " is out of range");
