@@ -101,9 +101,10 @@ class UcxWindows {
   cpu_algorithms::Transport* direct_;
   LogFn log_;
   std::string tls_;
-  // One op, registration or release at a time. Timed: abort() does not
-  // wait out a registration blocked on the store (the destructor releases).
-  std::timed_mutex mu_;
+  // One op, registration or release at a time. abort() tries it for a
+  // bounded time: it does not wait out a registration blocked on the store
+  // (the destructor releases).
+  std::mutex mu_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
