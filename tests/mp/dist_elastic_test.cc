@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "subprocess.h"
+#include "cpu_backends.h"
 
 namespace {
 
@@ -20,13 +21,7 @@ using comms::testing::Process;
 using comms::testing::run;
 using namespace std::chrono_literals;
 
-std::vector<std::string> backends() {
-  std::vector<std::string> out = {"cpu:gloo"};
-#if UCX_PLUGIN_BUILT
-  out.push_back("cpu:ucx");
-#endif
-  return out;
-}
+std::vector<std::string> backends() { return comms::testing::cpu_backends_built(); }
 
 // COMMS_ROUTE as the test job has it (DistElastic.*SplitRoute* sets "split").
 std::string route = "direct";

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "subprocess.h"
+#include "cpu_backends.h"
 
 namespace {
 
@@ -23,13 +24,7 @@ using comms::testing::Process;
 using comms::testing::run;
 using namespace std::chrono_literals;
 
-std::vector<std::string> backends() {
-  std::vector<std::string> out = {"cpu:gloo"};
-#if UCX_PLUGIN_BUILT
-  out.push_back("cpu:ucx");
-#endif
-  return out;
-}
+std::vector<std::string> backends() { return comms::testing::cpu_backends_built(); }
 
 // Short timeouts: a stopped rank is found by its heartbeat, a dead one at once.
 // COMMS_ELASTIC=1: the helper's runs without --keep-going need elastic comms too.

@@ -12,19 +12,14 @@
 #include <set>
 
 #include "subprocess.h"
+#include "cpu_backends.h"
 
 namespace {
 
 using comms::testing::run;
 using namespace std::chrono_literals;
 
-std::vector<std::string> backends() {
-  std::vector<std::string> out = {"cpu:gloo"};
-#if UCX_PLUGIN_BUILT
-  out.push_back("cpu:ucx");
-#endif
-  return out;
-}
+std::vector<std::string> backends() { return comms::testing::cpu_backends_built(); }
 
 std::map<std::string, std::string> env_for(const std::string& backend) {
   return {{"COMMS_BACKEND", backend}, {"GROW_BACKEND", backend}, {"COMMS_OP_TIMEOUT", "20s"},

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "subprocess.h"
+#include "cpu_backends.h"
 
 namespace {
 
@@ -25,13 +26,7 @@ using namespace std::chrono_literals;
 // moments and two admissions, and to end at 4 ranks after them.
 constexpr int kKillRunSteps = 20000;
 
-std::vector<std::string> backends() {
-  std::vector<std::string> out = {"cpu:gloo"};
-#if UCX_PLUGIN_BUILT
-  out.push_back("cpu:ucx");
-#endif
-  return out;
-}
+std::vector<std::string> backends() { return comms::testing::cpu_backends_built(); }
 
 std::map<std::string, std::string> env_for(const std::string& backend) {
   return {{"COMMS_BACKEND", backend}, {"COMMS_OP_TIMEOUT", "20s"}, {"COMMS_INIT_TIMEOUT", "20s"}};
