@@ -228,7 +228,7 @@ def train(args):
             reloaded = dist.reload_groups()
             if rank == 0:
                 print("%s reloaded_groups=%d reloaded_communicators=%d"
-                      % (offloaded["text"], reloaded["groups_reloaded"], reloaded["communicators_created"]))
+                      % (offloaded["text"], reloaded["groups_reloaded"], reloaded["communicators_created"] + reloaded["communicators_resumed"]))
     world.barrier()
     if rank == 0:
         print("final_loss=%.9g" % loss, flush=True)

@@ -188,6 +188,8 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   void finalize();
   bool offload(DeviceType type);
   bool reload(DeviceType type);
+  // Whether the backend for `type` is offloaded by suspend (kept) now.
+  bool suspended(DeviceType type) const { return device_backend(type).suspended; }
   // Recreates the offloaded backend of `child` the way it was made: a split
   // of `parent`'s backend (collective over the parent). Non-members of the
   // child pass child == nullptr and only take part in the parent's split.

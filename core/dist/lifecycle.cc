@@ -44,9 +44,9 @@ std::vector<std::shared_ptr<GroupState>> live_groups() {
 
 std::string OffloadReport::to_string() const {
   auto mem = [](const std::optional<int64_t>& v) { return v ? str::cat(*v) : std::string("n/a"); };
-  return str::cat("offload: groups=", groups_offloaded, " communicators=", communicators_destroyed,
-                  " device_memory_before=", mem(device_memory_before), " device_memory_after=",
-                  mem(device_memory_after));
+  return str::cat("offload: groups=", groups_offloaded, " destroyed=", communicators_destroyed,
+                  " suspended=", communicators_suspended, " device_memory_before=", mem(device_memory_before),
+                  " device_memory_after=", mem(device_memory_after));
 }
 
 OffloadReport offload_groups(const std::vector<DeviceType>& requested) {
@@ -70,7 +70,8 @@ OffloadReport offload_groups(const std::vector<DeviceType>& requested) {
       if (!g->comm || !seen.insert({g->comm.get(), t}).second) continue;
       try {
         if (g->comm->offload_backend(t)) {
-          ++report.communicators_destroyed;
+          if (internal::CommAccess::impl(*g->comm).suspended(t)) ++report.communicators_suspended;
+          else ++report.communicators_destroyed;
           released = true;
         }
       } catch (const Error& e) {
@@ -96,14 +97,20 @@ OffloadReport offload_groups(const std::vector<DeviceType>& requested) {
 ReloadReport reload_groups() {
   const auto all = live_groups();
   ReloadReport report;
+  // A suspended backend resumes by either route (Comm::Impl::reload and
+  // reload_by_split): count it as resumed, not re-created.
+  auto count = [&report](bool was_suspended) {
+    ++(was_suspended ? report.communicators_resumed : report.communicators_created);
+  };
   for (const auto& g : all) {
     if (g->offloaded.empty()) continue;
     bool recreated = false;
     for (DeviceType t : std::vector<DeviceType>(g->offloaded.begin(), g->offloaded.end())) {
+      const bool suspended = g->comm && internal::CommAccess::impl(*g->comm).suspended(t);
       const bool is_world = g->spec.parent.empty();
       if (is_world || g->spec.route == Route::kDirect) {
         if (g->comm && g->comm->reload_backend(t)) {
-          ++report.communicators_created;
+          count(suspended);
           recreated = true;
         }
         continue;
@@ -128,7 +135,7 @@ ReloadReport reload_groups() {
       Comm::Impl::reload_by_split(g->comm ? &internal::CommAccess::impl(*g->comm) : nullptr,
                                   internal::CommAccess::impl(*parent->comm), t, parent_ranks);
       if (member_needs_it) {
-        ++report.communicators_created;
+        count(suspended);
         recreated = true;
       }
     }

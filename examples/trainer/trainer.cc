@@ -194,7 +194,7 @@ int main(int argc, char** argv) {
         const comms::dist::ReloadReport reloaded = comms::dist::reload_groups();
         if (rank == 0) {
           std::printf("%s reloaded_groups=%d reloaded_communicators=%d\n", offloaded.to_string().c_str(),
-                      reloaded.groups_reloaded, reloaded.communicators_created);
+                      reloaded.groups_reloaded, reloaded.communicators_created + reloaded.communicators_resumed);
         }
       }
       if (const int sig = stop.requested()) {

@@ -180,6 +180,7 @@ void bind_lifecycle(py::module_& m) {
     py::dict d;
     d["groups_offloaded"] = r.groups_offloaded;
     d["communicators_destroyed"] = r.communicators_destroyed;
+    d["communicators_suspended"] = r.communicators_suspended;
     d["groups"] = r.groups;
     d["device_memory_before"] = r.device_memory_before;
     d["device_memory_after"] = r.device_memory_after;
@@ -195,6 +196,7 @@ void bind_lifecycle(py::module_& m) {
     py::dict d;
     d["groups_reloaded"] = r.groups_reloaded;
     d["communicators_created"] = r.communicators_created;
+    d["communicators_resumed"] = r.communicators_resumed;
     return d;
   });
   m.def("shutdown", &dist::shutdown, py::call_guard<py::gil_scoped_release>());

@@ -102,18 +102,23 @@ TEST_F(Lifecycle, OffloadBySuspendKeepsTheBackendAndTheReloadResumesIt) {
   EXPECT_FALSE(cuda_of(w).contains("offload"));
 
   OffloadReport r = offload_groups();
-  EXPECT_EQ(r.communicators_destroyed, 1);
+  EXPECT_EQ(r.communicators_suspended, 1) << r.to_string();
+  EXPECT_EQ(r.communicators_destroyed, 0) << "a suspended communicator is kept, not destroyed";
+  EXPECT_NE(r.to_string().find("destroyed=0 suspended=1"), std::string::npos) << r.to_string();
   EXPECT_EQ(r.device_memory_before, std::optional<int64_t>((1 << 20) + 4096));
   EXPECT_EQ(r.device_memory_after, std::optional<int64_t>(1 << 20)) << r.to_string();
   EXPECT_EQ(w->backend_state(DeviceType::kCuda), BackendState::kOffloaded);
   nlohmann::json j = cuda_of(w);
   EXPECT_EQ(j["offload"], "suspend");
   EXPECT_EQ(j["config"]["suspends"], suspends + 1) << "the kept backend still describes itself";
-  EXPECT_EQ(offload_groups().communicators_destroyed, 0) << "offloading twice did work twice";
+  const OffloadReport again = offload_groups();
+  EXPECT_EQ(again.communicators_suspended + again.communicators_destroyed, 0) << "offloading twice did work twice";
 
   ReloadReport back = reload_groups();
-  EXPECT_EQ(back.communicators_created, 1);
-  EXPECT_EQ(reload_groups().communicators_created, 0) << "reloading twice did work twice";
+  EXPECT_EQ(back.communicators_resumed, 1);
+  EXPECT_EQ(back.communicators_created, 0) << "resumed, not re-created";
+  const ReloadReport twice = reload_groups();
+  EXPECT_EQ(twice.communicators_resumed + twice.communicators_created, 0) << "reloading twice did work twice";
   j = cuda_of(w);
   EXPECT_EQ(j["config"]["resumes"], resumes + 1);
   EXPECT_EQ(j["config"]["creates"], creates) << "a resume must not re-create (rendezvous) the backend";
@@ -139,11 +144,12 @@ TEST_F(Lifecycle, ASuspendedSplitChildResumesInsteadOfSplittingAgain) {
     const int suspends = cuda_of(g)["config"]["suspends"];
     const int resumes = cuda_of(g)["config"]["resumes"];
     const BackendState state = g->backend_state(DeviceType::kCuda);
-    offload_groups();
+    EXPECT_EQ(offload_groups().communicators_suspended, 2);
     EXPECT_EQ(cuda_of(g)["offload"], "suspend");
     EXPECT_EQ(cuda_of(g)["config"]["suspends"], suspends + 2) << "the world and the group";
     ReloadReport back = reload_groups();
-    EXPECT_EQ(back.communicators_created, 2);
+    EXPECT_EQ(back.communicators_resumed, 2);
+    EXPECT_EQ(back.communicators_created, 0);
     EXPECT_EQ(cuda_of(g)["config"]["resumes"], resumes + 2) << "the group resumed, not re-split";
     EXPECT_EQ(g->backend_state(DeviceType::kCuda), state);
   }
@@ -158,10 +164,14 @@ TEST_F(Lifecycle, WithoutSuspendTheOffloadDestroysAndTheReloadRecreates) {
   Session session(init);
   Group w = world();
   const int creates = cuda_of(w)["config"]["creates"];
-  offload_groups();
+  const OffloadReport r = offload_groups();
+  EXPECT_EQ(r.communicators_destroyed, 1) << r.to_string();
+  EXPECT_EQ(r.communicators_suspended, 0) << r.to_string();
   EXPECT_EQ(cuda_of(w)["offload"], "destroy");
   EXPECT_TRUE(cuda_of(w)["config"].is_null()) << "the backend is gone";
-  reload_groups();
+  const ReloadReport back = reload_groups();
+  EXPECT_EQ(back.communicators_created, 1);
+  EXPECT_EQ(back.communicators_resumed, 0);
   EXPECT_EQ(cuda_of(w)["config"]["creates"], creates + 1);
 }
 
