@@ -1,6 +1,6 @@
 """Megatron-core's own parallel_state over backend "comms" (rank_megatron.py
 runs the scenarios of one commsrun job): every group of several layouts by
-value at 4 and 8 ranks on cpu:gloo and cpu:ucx, on each COMMS_ROUTE;
+value at 4 ranks on cpu:gloo (each COMMS_ROUTE) and cpu:ucx, and at 8 ranks;
 Megatron's NCCL options reaching each group; ten destroy/reload cycles with
 flat counts; a tensor-parallel MLP against one rank's."""
 import os
@@ -19,9 +19,10 @@ ROUTES = {"direct": dict(COMMS_ROUTE="direct"), "split": dict(COMMS_ROUTE="split
           "device_id": dict(COMMS_ROUTE="direct", TORCH_DEVICE_ID="cpu:0")}
 SCRIPT = os.path.join("megatron", "rank_megatron.py")
 
-# Each rank spends seconds of CPU importing Megatron, more than most
-# scenarios take, so one job runs several. Every route at 4 ranks on gloo and
-# the direct one on ucx; 8 ranks on the direct route. The options need a lazy
+# Each rank spends seconds of CPU importing Megatron (about 8 s here), more
+# than most scenarios take, so one job runs several, and 8 ranks run once:
+# on ucx where it is built, else on gloo. Every route at 4 ranks on gloo and
+# the direct one on ucx. The options need a lazy
 # cuda:nccl beside the CPU backend (they show without a GPU); NCCL options
 # refused without it are checked on gloo at 4 ranks, direct.
 JOBS = {  # id: (ranks, COMMS_BACKEND, route, scenarios in order)
@@ -29,12 +30,13 @@ JOBS = {  # id: (ranks, COMMS_BACKEND, route, scenarios in order)
     "gloo4-split": (4, "cpu:gloo,cuda:nccl", "split", ["groups", "options"]),
     "gloo4-device_id": (4, "cpu:gloo,cuda:nccl", "device_id", ["groups", "options"]),
     "gloo4-direct-nccl": (4, "cpu:gloo,cuda:nccl", "direct", ["cycles", "options"]),
-    "gloo8-direct": (8, "cpu:gloo", "direct", ["groups"]),
     "gloo2-mlp": (2, "cpu:gloo", "direct", ["mlp"]),
 }
 if UCX:
     JOBS.update({"ucx4-direct": (4, "cpu:ucx,cuda:nccl", "direct", ["cycles", "groups"]),
                  "ucx8-direct": (8, "cpu:ucx", "direct", ["groups"])})
+else:
+    JOBS["gloo8-direct"] = (8, "cpu:gloo", "direct", ["groups"])
 TIMEOUT = {"groups": 150, "options": 100, "cycles": 400, "mlp": 100}
 _done = {}
 
