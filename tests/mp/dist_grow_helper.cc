@@ -14,6 +14,10 @@
 //               rank 0 starts a newcomer, the members admit it (admit());
 //               every rank prints "PLAIN ..." with its view of the groups,
 //               then all make new_group {1,3} and print "NEW ...".
+//   unfit       2 ranks with a collection tp=2 admit one newcomer: 3 ranks
+//               do not fit the layout. Every rank prints "UNFIT rank <r>
+//               code <error code or none> world <sum> has_tp <0|1>", the
+//               members "WHY <message>".
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -219,6 +223,37 @@ int plain() {
   return 0;
 }
 
+void print_unfit(const dist::ProcessGroupCollection& pgs, const std::string& code) {
+  std::printf("UNFIT rank %d code %s world %s has_tp %d\n", dist::world().rank(), code.c_str(),
+              describe(dist::world()).c_str(), pgs.has("tp") ? 1 : 0);
+  std::fflush(stdout);
+}
+
+int unfit() {
+  dist::InitOptions init;
+  init.device = Device::cpu();
+  dist::init_process_group(init);
+  dist::ParallelConfig cfg;
+  cfg.tp = 2;
+  auto pgs = dist::initialize_model_parallel(cfg);
+  pid_t newcomer = -1;
+  if (dist::world().rank() == 0) {
+    newcomer = start_newcomer("unfit");
+    await_tickets(1);
+  }
+  std::string code = "none";
+  try {
+    dist::admit_model_parallel(pgs);
+  } catch (const Error& e) {
+    code = std::string(to_string(e.code()));
+    std::printf("WHY rank %d %s\n", dist::world().rank(), e.what());
+  }
+  print_unfit(pgs, code);
+  dist::destroy_process_group();
+  if (newcomer > 0 && wait_child(newcomer) != 0) return 6;
+  return 0;
+}
+
 int newcomer(const std::string& scenario) {
   JoinOptions o;
   o.timeout = 60s;
@@ -227,6 +262,12 @@ int newcomer(const std::string& scenario) {
   if (scenario == "heal") {
     if (!j.collection) return 8;
     return after_heal(*j.collection, true, {}, {});
+  }
+  if (scenario == "unfit") {
+    if (!j.collection) return 8;
+    print_unfit(*j.collection, "none");
+    dist::destroy_process_group();
+    return 0;
   }
   std::printf("PLAIN rank %d newcomer 1 world %s pg1 none S none groups %zu\n", dist::world().rank(),
               describe(dist::world()).c_str(), dist::groups().size());
@@ -246,12 +287,13 @@ int main(int argc, char** argv) {
   try {
     if (mode == "heal") return heal();
     if (mode == "plain") return plain();
+    if (mode == "unfit") return unfit();
     if (mode == "newcomer" && argc == 3) return newcomer(argv[2]);
   } catch (const Error& e) {
     std::fprintf(stderr, "dist_grow_helper %s: %s: %s\n", mode.c_str(), std::string(to_string(e.code())).c_str(),
                  e.what());
     return 3;
   }
-  std::fprintf(stderr, "dist_grow_helper: usage: heal | plain | newcomer heal|plain\n");
+  std::fprintf(stderr, "dist_grow_helper: usage: heal | plain | unfit | newcomer heal|plain|unfit\n");
   return 2;
 }

@@ -2,9 +2,11 @@
 // (dist_grow_helper.cc does the ranks' side): a killed rank's replica is
 // dropped by the recovery, the dropped rank and a replacement join through
 // join_process_group, the members admit them and the world is back to 4
-// ranks with every group right (sums of 2^rank name each membership); an
-// admission with nobody waiting changes no Comm object; a plain admit()
-// keeps the groups and hands the newcomer the group list and name counter.
+// ranks with every group right (sums of 2^rank name each membership), on
+// both routes; an admission with nobody waiting changes no Comm object; a
+// size the layout cannot take grows the world and says why; a plain
+// admit() keeps the groups and hands the newcomer the group list and name
+// counter.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -24,10 +26,10 @@ using namespace std::chrono_literals;
 
 std::vector<std::string> backends() { return comms::testing::cpu_backends_built(); }
 
-Process helper(int n, const std::string& backend, const std::string& mode) {
+Process helper(int n, const std::string& backend, const std::string& mode, const std::string& route = "direct") {
   return run({COMMSRUN, "-n", std::to_string(n), "--keep-going", "--timeout", "80", "--", DIST_GROW_HELPER, mode},
              {{"COMMS_BACKEND", backend}, {"COMMS_ELASTIC", "1"}, {"COMMS_OP_TIMEOUT", "20s"},
-              {"COMMS_INIT_TIMEOUT", "20s"}},
+              {"COMMS_INIT_TIMEOUT", "20s"}, {"COMMS_ROUTE", route}},
              85s);
 }
 
@@ -84,10 +86,10 @@ void expect_admission(const std::string& output, const std::string& joined, int 
   for (const auto& [list, names] : lists) EXPECT_EQ(names_in(common, list), names) << list << " in " << common;
 }
 
-TEST(DistGrow, ADroppedReplicaAndAReplacementJoinAndEveryGroupIsRightAt4Ranks) {
+void expect_heal(const std::string& route) {
   for (const auto& backend : backends()) {
-    SCOPED_TRACE(backend);
-    Process p = helper(4, backend, "heal");
+    SCOPED_TRACE(backend + " route " + route);
+    Process p = helper(4, backend, "heal", route);
     EXPECT_EQ(p.exit_code(), 0) << p.output;
     EXPECT_NE(p.output.find("EXCLUDED old 2"), std::string::npos) << p.output;
     // tp=2 from 2 to 4 ranks: the groups spanning data-parallel replicas
@@ -121,6 +123,31 @@ TEST(DistGrow, ADroppedReplicaAndAReplacementJoinAndEveryGroupIsRightAt4Ranks) {
     const auto idle = lines(p.output, "IDLE");
     ASSERT_EQ(ranks_of(idle), kFour) << p.output;
     for (const auto& [r, rest] : idle) EXPECT_EQ(rest, "same 1 world [0,1,2,3] 15") << "rank " << r;
+  }
+}
+
+TEST(DistGrow, ADroppedReplicaAndAReplacementJoinAndEveryGroupIsRightAt4Ranks) { expect_heal("direct"); }
+
+// The collection's groups carved from the grown world with Comm::split:
+// the newcomers take part in every split, members or not.
+TEST(DistGrow, ADroppedReplicaAndAReplacementJoinOnTheSplitRouteAt4Ranks) { expect_heal("split"); }
+
+TEST(DistGrow, AWorldSizeTheLayoutCannotTakeGrowsTheWorldAndLeavesTheCollectionUnusableSayingWhy) {
+  for (const auto& backend : backends()) {
+    SCOPED_TRACE(backend);
+    Process p = helper(2, backend, "unfit");
+    EXPECT_EQ(p.exit_code(), 0) << p.output;
+    const auto unfit = lines(p.output, "UNFIT");
+    ASSERT_EQ(ranks_of(unfit), (std::set<int>{0, 1, 2})) << p.output;
+    for (const auto& [r, rest] : unfit) {
+      EXPECT_EQ(rest, std::string("code ") + (r < 2 ? "invalid_argument" : "none") + " world [0,1,2] 7 has_tp 0")
+          << "rank " << r;
+    }
+    const auto why = lines(p.output, "WHY");
+    ASSERT_EQ(ranks_of(why), (std::set<int>{0, 1})) << p.output;
+    for (const auto& [r, rest] : why) {
+      EXPECT_NE(rest.find("the world grew to 3 ranks, which its layout cannot take"), std::string::npos) << rest;
+    }
   }
 }
 
