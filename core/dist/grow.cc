@@ -152,7 +152,8 @@ JoinResult join_process_group(const JoinOptions& options) {
   if (is_initialized()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "comms::dist join_process_group: this process is already initialized; a newcomer joins "
-                "before init_process_group (or after destroy_process_group)");
+                "before init_process_group (or after destroy_process_group)",
+                "world", "join", 0, world().rank());
   }
   std::shared_ptr<Comm> grown = comms::join("world", options);
   const auto& config = internal::CommAccess::impl(*grown).config();

@@ -360,10 +360,14 @@ COMMS_API RecoverResult recover(const RecoverOptions& options = {});
 // Group handles are rebuilt in place, as by recover(): a Comm taken out
 // earlier (comm(), shared_comm()) of a rebuilt group is aborted. Every
 // participant finishes with a barrier on the grown world, then the members
-// release the old world comm. A member lost during the admission fails it
-// with Error(kPeerFailure) on every participant and nothing changes here:
-// recover(), then admit again; the newcomer's join retries by itself. No
-// group may be offloaded (reload_groups() first: kInvalidArgument).
+// release the old world comm. A member lost while the grown comm is built
+// fails the admission with Error(kPeerFailure) on every member and nothing
+// changes here: recover(), then admit again; the newcomer's join retries by
+// itself. A rank lost later, while a collection's groups are made, fails
+// those creations with its error; the ranks' group lists may then differ
+// (a non-member registers a group its members failed to make), so recover()
+// cannot follow: destroy_process_group() and start again. No group may be
+// offloaded (reload_groups() first: kInvalidArgument).
 struct AdmitResult {
   bool grown = false;       // false: nobody waited and nothing changed
   std::vector<int> joined;  // the newcomers' world ranks, ascending
