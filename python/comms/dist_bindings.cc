@@ -400,7 +400,9 @@ void bind_parallel(py::module_& m) {
   }, py::arg("config"), py::arg("world_size"), py::arg("world_backend") = "");
 
   using Collection = dist::ProcessGroupCollection;
-  py::class_<Collection, std::shared_ptr<Collection>>(m, "ProcessGroupCollection", "The model-parallel groups of one collection")
+  // Held by shared_ptr: join_process_group hands a newcomer its collection so.
+  py::class_<Collection, std::shared_ptr<Collection>>(m, "ProcessGroupCollection",
+                                                      "The model-parallel groups of one collection")
       .def("get", &Collection::get, py::arg("name"), "This rank's group (raises comms.Error if none)")
       .def("has", &Collection::has, py::arg("name"))
       .def("rank_lists", &Collection::rank_lists, py::arg("name"))
