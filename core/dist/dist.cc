@@ -186,6 +186,7 @@ Group init_process_group(const InitOptions& options) {
   reg.world = state;
   reg.groups = {state};
   reg.next_name = 0;
+  reg.collections = 0;
   log::info(str::cat("comms::dist: world of ", comm->size(), " ranks, backend ", comm->backend_string(),
                      ", route ", to_string(route)));
   return Group(state);
@@ -272,13 +273,24 @@ std::shared_ptr<GroupState> register_group(GroupSpec spec, std::shared_ptr<Comm>
 
 Group new_group(std::span<const int> ranks, const GroupOptions& options) {
   Group w = world();
-  const GroupState& parent = *w.state();
-  auto& reg = registry();
   std::string name;
   {
+    auto& reg = registry();
     std::lock_guard<std::mutex> lock(reg.mu);
     name = options.name.empty() ? str::cat("pg", ++reg.next_name) : options.name;
   }
+  GroupOptions named = options;
+  named.name = name;
+  auto state = create_group(ranks, named);
+  return state->comm ? Group(state) : Group();
+}
+
+std::shared_ptr<GroupState> create_group(std::span<const int> ranks, const GroupOptions& options,
+                                         const std::string& comm_name) {
+  Group w = world();
+  const GroupState& parent = *w.state();
+  auto& reg = registry();
+  const std::string& name = options.name;
   if (ranks.empty()) fail(ErrorCode::kInvalidArgument, name, "a group needs at least one rank");
   std::set<int> seen;
   int member_rank = -1;
@@ -321,9 +333,8 @@ Group new_group(std::span<const int> ranks, const GroupOptions& options) {
     spec.creation_index = reg.next_index++;
   }
   check_hints_on_every_rank(spec);
-  auto comm = create_group_comm(spec, parent, member_rank);
-  auto state = register_group(std::move(spec), std::move(comm));
-  return member_rank >= 0 ? Group(state) : Group();
+  auto comm = create_group_comm(spec, parent, member_rank, comm_name);
+  return register_group(std::move(spec), std::move(comm));
 }
 
 Group split_group(const Group& parent_group, std::span<const std::vector<int>> rank_lists,
@@ -390,6 +401,17 @@ Group split_group(const Group& parent_group, std::span<const std::vector<int>> r
   auto state = register_group(std::move(spec), std::move(comm));
   state->from_split_group = true;
   return member_rank >= 0 ? Group(state) : Group();
+}
+
+void retire(std::shared_ptr<Comm>& comm, const std::string& why) {
+  if (!comm) return;
+  auto c = std::move(comm);
+  try {
+    c->abort(why);
+    c->finalize();
+  } catch (const std::exception& e) {
+    log::warning(str::cat("comms::dist: releasing '", c->name(), "': ", e.what()));
+  }
 }
 
 void destroy_state(GroupState& s) {

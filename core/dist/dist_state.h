@@ -1,14 +1,17 @@
 // The process-wide state behind comms::dist (internal).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "comms/dist.h"
+#include "comms/parallel.h"
 
 namespace comms::dist {
 
@@ -35,17 +38,42 @@ struct Registry {
   std::vector<std::shared_ptr<GroupState>> groups;  // creation order, world first
   uint64_t next_index = 0;
   int next_name = 0;  // pg<N>: every rank counts every new_group call alike
+  int collections = 0;  // mp<N>: model-parallel collections made since init
   Route route = Route::kDirect;
   int sessions = 0;  // live Session objects
 };
 
 Registry& registry();
 void destroy_state(GroupState& s);
+// An abandoned comm (recovery, growth): its peers abandon it too, so abort
+// (local) and release; a failure to release is logged.
+void retire(std::shared_ptr<Comm>& comm, const std::string& why);
 // Creates the communicator of a group spec on this rank, named `comm_name`
 // ("" = spec.name). Collective over the members (direct route) or the
 // parent (split route); null on non-members.
 std::shared_ptr<Comm> create_group_comm(const GroupSpec& spec, const GroupState& parent, int member_rank,
                                         const std::string& comm_name = "");
+
+// new_group's work under a given name (options.name, never empty): the
+// spec checked, the comm created (named `comm_name`, "" = the group's name)
+// and the group registered. Collective as new_group; the state of a
+// non-member has no comm.
+std::shared_ptr<GroupState> create_group(std::span<const int> ranks, const GroupOptions& options,
+                                         const std::string& comm_name = "");
+
+// The options of a model-parallel collection's group `index` of kind
+// `planned`, named "<prefix>.<kind>.<index>".
+GroupOptions collection_group_options(const ParallelConfig& config, const std::string& prefix,
+                                      const PlannedGroup& planned, size_t index);
+
+// Growth (grow.cc): a collection that admit() reshapes for the grown world.
+struct CollectionGrowth {
+  std::string record;  // what the newcomer needs to build it (parallel_grow.cc)
+  std::function<void(uint64_t epoch, AdmitResult& out)> reshape;
+};
+AdmitResult admit_world(const AdmitOptions& options, const CollectionGrowth* collection);
+// On a newcomer: the collection of `record`, reshaped as the members did.
+std::shared_ptr<ProcessGroupCollection> join_collection(const std::string& record, uint64_t epoch, AdmitResult& out);
 
 // Megatron's communicator-config keys for our groups (parallel_state.py's
 // get_nccl_options names): ep_tp -> expt_tp, tp_ep_mp -> tp_ep (Megatron's

@@ -362,6 +362,18 @@ bool ProcessGroupCollection::has(std::string_view name) const {
 
 const RankLists& ProcessGroupCollection::rank_lists(std::string_view name) const { return entry(name).rank_lists; }
 
+GroupOptions collection_group_options(const ParallelConfig& config, const std::string& prefix,
+                                      const PlannedGroup& planned, size_t index) {
+  GroupOptions o;
+  o.backend = planned.backend.empty() ? config.backend : planned.backend;
+  o.timeout = config.timeout;
+  o.options = planned.options;
+  o.name = str::cat(prefix, ".", planned.name, ".", index);
+  o.description = str::cat(planned.name, " group ", index, " of collection ", prefix, " (order ", config.order,
+                           ", rank_offset ", config.rank_offset, ")");
+  return o;
+}
+
 ProcessGroupCollection initialize_model_parallel(const ParallelConfig& config) {
   Group w = world();
   if (config.rank_offset < 0) invalid(str::cat("rank_offset must not be negative, got ", config.rank_offset));
@@ -374,15 +386,14 @@ ProcessGroupCollection initialize_model_parallel(const ParallelConfig& config) {
   out.config_ = config;
   out.plan_ = plan_model_parallel(config, size, w.backend());
 
-  // The default prefix counts collections made since this world was
-  // created; every rank makes them in the same order, so it agrees.
-  static std::weak_ptr<GroupState> counted_world;
-  static int collections = 0;
-  if (counted_world.lock() != w.state()) {
-    counted_world = w.state();
-    collections = 0;
+  // The default prefix counts collections made since init; every rank makes
+  // them in the same order, so it agrees (a newcomer gets the count).
+  int collections = 0;
+  {
+    auto& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    collections = ++reg.collections;
   }
-  ++collections;
   out.prefix_ = config.name.empty() ? str::cat("mp", collections) : config.name;
   for (const Group& g : groups()) {
     const std::string& existing = g.state()->spec.name;
@@ -398,13 +409,7 @@ ProcessGroupCollection initialize_model_parallel(const ParallelConfig& config) {
     e.created = true;
     e.rank_lists = planned.rank_lists;
     for (size_t i = 0; i < planned.rank_lists.size(); ++i) {
-      GroupOptions o;
-      o.backend = planned.backend.empty() ? config.backend : planned.backend;
-      o.timeout = config.timeout;
-      o.options = planned.options;
-      o.name = str::cat(out.prefix_, ".", planned.name, ".", i);
-      o.description = str::cat(planned.name, " group ", i, " of collection ", out.prefix_, " (order ",
-                               config.order, ", rank_offset ", config.rank_offset, ")");
+      const GroupOptions o = collection_group_options(config, out.prefix_, planned, i);
       Group g = new_group(planned.rank_lists[i], o);  // collective: every rank, every list
       if (g) e.group = g;
     }

@@ -16,18 +16,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// An abandoned comm: its peers abandon it too, so abort (local) and release.
-void retire(std::shared_ptr<Comm>& comm, const std::string& why) {
-  if (!comm) return;
-  auto c = std::move(comm);
-  try {
-    c->abort(why);
-    c->finalize();
-  } catch (const std::exception& e) {
-    log::warning(str::cat("comms::dist recover: releasing '", c->name(), "': ", e.what()));
-  }
-}
-
 std::vector<int> checked_drops(std::vector<int> drops, const std::vector<int>& lost, int size) {
   std::sort(drops.begin(), drops.end());
   for (size_t i = 0; i < drops.size(); ++i) {

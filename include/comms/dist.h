@@ -327,4 +327,72 @@ struct RecoverResult {
 };
 COMMS_API RecoverResult recover(const RecoverOptions& options = {});
 
+// Growth of the world and its groups: newcomers (a replacement for a lost
+// rank, or a rank a recovery dropped) join at a step boundary the members
+// choose (comms/elastic.h does the comm level):
+//
+//   // every member, at each step boundary:
+//   auto a = comms::dist::admit();               // nothing happens when nobody waits
+//   if (a.grown) { /* send a.joined the model state */ }
+//   // a newcomer, started with the job's store variables (COMMS_STORE etc.):
+//   auto j = comms::dist::join_process_group();  // blocks until admitted
+//
+// admit() is collective over the members of the world. It calls
+// comms::admit on the world comm: when nobody waits that is one store read
+// (rank 0: one add and one set) and nothing else happens, the same Comm
+// objects stay. Otherwise the world group's comm becomes the grown comm
+// (members keep their ranks, newcomers get N, N+1, ... in the order they
+// joined) and rank 0 sends the newcomers the group list through the store,
+// so that every rank then holds the same specs and later group creation
+// stays collective. The groups:
+//   - made with new_group (an explicit rank list): keep their Comm objects
+//     and members; the newcomers are not members (an empty Group), as a
+//     rank outside the list at creation;
+//   - made by split_group: kept too: their lists do not change and the
+//     newcomers are in none (they take part, with no list, in the splits
+//     reload_groups replays from the grown parent);
+//   - of a model-parallel collection reshaped with admit_model_parallel
+//     (parallel.h): derived again from the layout for the new world size
+//     (dp grows): a group whose rank list is unchanged keeps its comm, one
+//     whose list changed gets a new comm named "<name>@e<epoch>" (the old
+//     one is aborted), one the old layout lacked is created; the newcomers
+//     are members of their groups of the new layout.
+// Group handles are rebuilt in place, as by recover(): a Comm taken out
+// earlier (comm(), shared_comm()) of a rebuilt group is aborted. Every
+// participant finishes with a barrier on the grown world, then the members
+// release the old world comm. A member lost while the grown comm is built
+// fails the admission with Error(kPeerFailure) on every member and nothing
+// changes here: recover(), then admit again; the newcomer's join retries by
+// itself. A rank lost later, while a collection's groups are made, fails
+// those creations with its error; the ranks' group lists may then differ
+// (a non-member registers a group its members failed to make), so recover()
+// cannot follow: destroy_process_group() and start again. No group may be
+// offloaded (reload_groups() first: kInvalidArgument).
+struct AdmitResult {
+  bool grown = false;       // false: nobody waited and nothing changed
+  std::vector<int> joined;  // the newcomers' world ranks, ascending
+  uint64_t epoch = 0;       // the world comm's epoch
+  int rank = -1;            // in the world (unchanged on a member)
+  int old_world_size = 0;   // the members
+  int world_size = 0;
+  // Group names: kept their comms; got a new comm; made for the new layout.
+  std::vector<std::string> kept, rebuilt, created;
+  std::chrono::milliseconds took{0};
+};
+COMMS_API AdmitResult admit(const AdmitOptions& options = {});
+
+class ProcessGroupCollection;
+struct JoinResult {
+  AdmitResult admission;  // as the members see it; rank is this newcomer's
+  // The collection the members reshaped with admit_model_parallel, with
+  // this rank in its groups of the new layout; null after a plain admit().
+  std::shared_ptr<ProcessGroupCollection> collection;
+};
+// Joins the world of an elastic job as a newcomer: comms::join("world"),
+// then the group list the members send. Afterwards this process is
+// initialized as if it had made every group itself (groups(), world(),
+// new_group as on the members). kInvalidArgument when this process is
+// already initialized; errors and timeouts as comms::join.
+COMMS_API JoinResult join_process_group(const JoinOptions& options = {});
+
 }  // namespace comms::dist

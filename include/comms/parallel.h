@@ -162,6 +162,19 @@ COMMS_API std::string why_layout_cannot_shrink(const ParallelConfig& config, int
 COMMS_API RecoverResult recover_model_parallel(ProcessGroupCollection& collection, const ShrinkRule& rule = {},
                                                const AgreeOptions& options = {});
 
+// Growth (dist.h's admit()) with a collection: the members admit the
+// waiting newcomers and reshape `collection` in place for the grown world,
+// its layout derived again for the new size (dp grows; tp, pp, cp and ep
+// stay); the newcomers get it from JoinResult::collection. A new world size
+// the layout cannot take leaves the world grown and the collection unusable
+// (get() says why): the members get Error(kInvalidArgument), a newcomer's
+// JoinResult::collection is unusable alike.
+// The collection must cover the whole world (rank_offset 0), else
+// kUnsupported before anything happens.
+COMMS_API AdmitResult admit_model_parallel(ProcessGroupCollection& collection, const AdmitOptions& options = {});
+
+struct CollectionAccess;
+
 class COMMS_API ProcessGroupCollection {
  public:
   struct Entry {
@@ -197,6 +210,7 @@ class COMMS_API ProcessGroupCollection {
  private:
   friend ProcessGroupCollection initialize_model_parallel(const ParallelConfig&);
   friend RecoverResult recover_model_parallel(ProcessGroupCollection&, const ShrinkRule&, const AgreeOptions&);
+  friend struct CollectionAccess;
   std::string prefix_;
   std::string unusable_;  // why, after a recovery the layout could not absorb
   ParallelConfig config_;

@@ -20,6 +20,8 @@ offload_groups = _dist.offload_groups
 reload_groups = _dist.reload_groups
 shutdown = _dist.shutdown
 recover = _dist.recover
+admit = _dist.admit
+join_process_group = _dist.join_process_group
 
 
 def _forward_to_comm(group, name):
@@ -35,4 +37,4 @@ Group.__getattr__ = _forward_to_comm
 
 __all__ = ["Group", "init_process_group", "is_initialized", "world", "new_group", "split_group",
            "destroy_process_group", "groups", "route_from_environment", "to_hints", "option_spellings",
-           "offload_groups", "reload_groups", "shutdown", "recover"]
+           "offload_groups", "reload_groups", "shutdown", "recover", "admit", "join_process_group"]

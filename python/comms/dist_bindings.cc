@@ -245,6 +245,58 @@ void bind_recover(py::module_& m) {
   "'rebuilt', 'removed', 'took_ms'}; an excluded rank should exit.");
 }
 
+py::dict admit_dict(const dist::AdmitResult& r) {
+  py::dict d;
+  d["grown"] = r.grown;
+  d["joined"] = r.joined;
+  d["epoch"] = r.epoch;
+  d["rank"] = r.rank;
+  d["old_world_size"] = r.old_world_size;
+  d["world_size"] = r.world_size;
+  d["kept"] = r.kept;
+  d["rebuilt"] = r.rebuilt;
+  d["created"] = r.created;
+  d["took_ms"] = r.took.count();
+  return d;
+}
+
+comms::AdmitOptions admit_options(std::optional<Millis> timeout, std::optional<Millis> liveness) {
+  comms::AdmitOptions o;
+  o.timeout = timeout;
+  o.liveness_timeout = liveness;
+  return o;
+}
+
+void bind_grow(py::module_& m) {
+  m.def("admit", [](std::optional<Millis> timeout, std::optional<Millis> liveness) {
+    dist::AdmitResult r;
+    {
+      py::gil_scoped_release nogil;
+      r = dist::admit(admit_options(timeout, liveness));
+    }
+    return admit_dict(r);
+  }, py::kw_only(), py::arg("timeout") = py::none(), py::arg("liveness_timeout") = py::none(),
+  "Collective over the world's members, at a step boundary: admits the newcomers waiting in "
+  "join_process_group(). Nothing changes when nobody waits (one store read per rank). Groups keep their "
+  "comms; the newcomers are members of none. Returns {'grown', 'joined', 'epoch', 'rank', "
+  "'old_world_size', 'world_size', 'kept', 'rebuilt', 'created', 'took_ms'}.");
+  m.def("join_process_group", [](std::optional<Millis> timeout) {
+    comms::JoinOptions o;
+    o.timeout = timeout;
+    dist::JoinResult r;
+    {
+      py::gil_scoped_release nogil;
+      r = dist::join_process_group(o);
+    }
+    py::dict d = admit_dict(r.admission);
+    d["collection"] = r.collection ? py::cast(r.collection) : py::none();
+    return d;
+  }, py::kw_only(), py::arg("timeout") = py::none(),
+  "A newcomer joins the elastic job's world and its groups; blocks until the members admit it. Returns "
+  "admit()'s dict plus 'collection': the model-parallel collection the members reshaped with "
+  "comms.parallel.admit_model_parallel, or None.");
+}
+
 }  // namespace
 
 void bind_dist(py::module_& m) {
@@ -252,7 +304,49 @@ void bind_dist(py::module_& m) {
   bind_groups(m);
   bind_lifecycle(m);
   bind_recover(m);
+  bind_grow(m);
 }
+
+namespace {
+
+// A collection's recovery after a loss and growth after an admission.
+void bind_collection_elastic(py::module_& m) {
+  using Collection = dist::ProcessGroupCollection;
+  m.def("recover_model_parallel", [](Collection& c, const py::object& rule, std::optional<Millis> timeout,
+                                     std::optional<Millis> liveness) {
+    dist::ShrinkRule r;
+    if (py::isinstance<py::str>(rule)) {
+      if (rule.cast<std::string>() != "drop_replicas") {
+        throw py::value_error("rule: 'drop_replicas', a callable (lost, world_size) -> ranks to drop, or None");
+      }
+      r = dist::drop_replicas();
+    } else if (!rule.is_none()) {
+      auto f = ranks_callback(rule);
+      r = [f](const dist::LayoutLoss& loss) { return f(loss.lost, loss.world_size); };
+    }
+    dist::RecoverResult result;
+    {
+      py::gil_scoped_release nogil;
+      result = dist::recover_model_parallel(c, r, agree_options(timeout, liveness));
+    }
+    return recover_dict(result);
+  }, py::arg("collection"), py::arg("rule") = py::none(), py::kw_only(), py::arg("timeout") = py::none(),
+  py::arg("liveness_timeout") = py::none(),
+  "dist.recover() plus the collection reshaped in place for the smaller world (dp shrinks). A loss the layout "
+  "cannot absorb raises comms.Error saying why unless rule ('drop_replicas' or a callable) drops more ranks.");
+  m.def("admit_model_parallel", [](Collection& c, std::optional<Millis> timeout, std::optional<Millis> liveness) {
+    dist::AdmitResult r;
+    {
+      py::gil_scoped_release nogil;
+      r = dist::admit_model_parallel(c, admit_options(timeout, liveness));
+    }
+    return admit_dict(r);
+  }, py::arg("collection"), py::kw_only(), py::arg("timeout") = py::none(), py::arg("liveness_timeout") = py::none(),
+  "dist.admit() plus the collection reshaped in place for the grown world (dp grows); the newcomers get it "
+  "from dist.join_process_group()['collection'].");
+}
+
+}  // namespace
 
 void bind_parallel(py::module_& m) {
   py::class_<dist::RankGenerator>(m, "RankGenerator", "Megatron-LM's rank ordering")
@@ -308,7 +402,9 @@ void bind_parallel(py::module_& m) {
   }, py::arg("config"), py::arg("world_size"), py::arg("world_backend") = "");
 
   using Collection = dist::ProcessGroupCollection;
-  py::class_<Collection>(m, "ProcessGroupCollection", "The model-parallel groups of one collection")
+  // Held by shared_ptr: join_process_group hands a newcomer its collection so.
+  py::class_<Collection, std::shared_ptr<Collection>>(m, "ProcessGroupCollection",
+                                                      "The model-parallel groups of one collection")
       .def("get", &Collection::get, py::arg("name"), "This rank's group (raises comms.Error if none)")
       .def("has", &Collection::has, py::arg("name"))
       .def("rank_lists", &Collection::rank_lists, py::arg("name"))
@@ -321,28 +417,7 @@ void bind_parallel(py::module_& m) {
       });
   m.def("why_layout_cannot_shrink", &dist::why_layout_cannot_shrink, py::arg("config"), py::arg("world_size"),
         py::arg("gone"), "Why the layout cannot lose these world ranks and be derived again; '' if it can.");
-  m.def("recover_model_parallel", [](Collection& c, const py::object& rule, std::optional<Millis> timeout,
-                                     std::optional<Millis> liveness) {
-    dist::ShrinkRule r;
-    if (py::isinstance<py::str>(rule)) {
-      if (rule.cast<std::string>() != "drop_replicas") {
-        throw py::value_error("rule: 'drop_replicas', a callable (lost, world_size) -> ranks to drop, or None");
-      }
-      r = dist::drop_replicas();
-    } else if (!rule.is_none()) {
-      auto f = ranks_callback(rule);
-      r = [f](const dist::LayoutLoss& loss) { return f(loss.lost, loss.world_size); };
-    }
-    dist::RecoverResult result;
-    {
-      py::gil_scoped_release nogil;
-      result = dist::recover_model_parallel(c, r, agree_options(timeout, liveness));
-    }
-    return recover_dict(result);
-  }, py::arg("collection"), py::arg("rule") = py::none(), py::kw_only(), py::arg("timeout") = py::none(),
-  py::arg("liveness_timeout") = py::none(),
-  "dist.recover() plus the collection reshaped in place for the smaller world (dp shrinks). A loss the layout "
-  "cannot absorb raises comms.Error saying why unless rule ('drop_replicas' or a callable) drops more ranks.");
+  bind_collection_elastic(m);
   m.def("initialize_model_parallel", [](const dist::ParallelConfig& config) {
     py::gil_scoped_release nogil;
     return dist::initialize_model_parallel(config);

@@ -8,6 +8,7 @@ parse_parallel_flags = _parallel.parse_parallel_flags
 plan_model_parallel = _parallel.plan_model_parallel
 group_names = _parallel.group_names
 recover_model_parallel = _parallel.recover_model_parallel
+admit_model_parallel = _parallel.admit_model_parallel
 why_layout_cannot_shrink = _parallel.why_layout_cannot_shrink
 DROP_REPLICAS = "drop_replicas"
 
@@ -36,4 +37,5 @@ def initialize_model_parallel(config=None, communicator_config=None, **fields):
 
 __all__ = ["RankGenerator", "ParallelConfig", "ProcessGroupCollection", "parse_parallel_flags",
            "plan_model_parallel", "group_names", "initialize_model_parallel", "recover_model_parallel",
+           "admit_model_parallel",
            "why_layout_cannot_shrink", "DROP_REPLICAS"]
