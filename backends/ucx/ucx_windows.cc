@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -30,6 +31,29 @@ uint64_t read_u64(const std::string& in, size_t* at) {
   std::memcpy(&v, in.data() + *at, sizeof v);
   *at += sizeof v;
   return v;
+}
+
+// "<1><fd><inode><allocation bytes><offset>" when [data, data + bytes) is
+// host-shared memory, else "<0>".
+void append_shared_location(std::string* out, const void* data, size_t bytes) {
+  const std::optional<host_shared::Location> shared = host_shared::find(data, bytes);
+  append_u64(out, shared ? 1 : 0);
+  if (!shared) return;
+  append_u64(out, static_cast<uint64_t>(shared->fd));
+  append_u64(out, shared->inode);
+  append_u64(out, shared->alloc_bytes);
+  append_u64(out, shared->offset);
+}
+
+std::optional<host_shared::Location> read_shared_location(const std::string& in, size_t* at) {
+  if (read_u64(in, at) != 1) return std::nullopt;
+  host_shared::Location where;
+  where.fd = static_cast<int>(read_u64(in, at));
+  where.inode = read_u64(in, at);
+  where.alloc_bytes = read_u64(in, at);
+  where.offset = read_u64(in, at);
+  if (where.offset > where.alloc_bytes) throw std::runtime_error("a peer published a malformed window location");
+  return where;
 }
 
 }  // namespace
@@ -196,14 +220,7 @@ void* UcxWindows::register_window(Store& store, void* data, size_t bytes, std::c
     mine.append(static_cast<const char*>(packed), size);
     ucp_rkey_buffer_release(packed);
   }
-  const std::optional<host_shared::Location> shared = host_shared::find(data, bytes);
-  append_u64(&mine, shared ? 1 : 0);
-  if (shared) {
-    append_u64(&mine, static_cast<uint64_t>(shared->fd));
-    append_u64(&mine, shared->inode);
-    append_u64(&mine, shared->alloc_bytes);
-    append_u64(&mine, shared->offset);
-  }
+  append_shared_location(&mine, data, bytes);
   const std::string prefix = "ucx/win/" + std::to_string(windows_made_++) + "/";
   store.set(prefix + std::to_string(rank_), mine);
   for (int p = 0; p < size_; ++p) {
@@ -218,16 +235,10 @@ void* UcxWindows::register_window(Store& store, void* data, size_t bytes, std::c
       check(ucp_ep_rkey_unpack(eps_[static_cast<size_t>(p)], theirs.data() + at, key), "ucp_ep_rkey_unpack");
       at += size;
     }
-    if (read_u64(theirs, &at) == 1) {
-      host_shared::Location where;
-      where.fd = static_cast<int>(read_u64(theirs, &at));
-      where.inode = read_u64(theirs, &at);
-      where.alloc_bytes = read_u64(theirs, &at);
-      where.offset = read_u64(theirs, &at);
-      if (pids_[static_cast<size_t>(p)] > 0 && where.offset <= where.alloc_bytes) {
-        w->mapped[static_cast<size_t>(p)] = map_peer(p, where);
-        w->mapped_offset[static_cast<size_t>(p)] = where.offset;
-      }
+    const std::optional<host_shared::Location> where = read_shared_location(theirs, &at);
+    if (where && pids_[static_cast<size_t>(p)] > 0) {
+      w->mapped[static_cast<size_t>(p)] = map_peer(p, *where);
+      w->mapped_offset[static_cast<size_t>(p)] = where->offset;
     }
   }
   // No rank may release its part (abort, deregistration) while a peer still
