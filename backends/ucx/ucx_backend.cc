@@ -1,12 +1,15 @@
 #include "ucx_backend.h"
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "collectives.h"
+#include "host_shared_memory.h"
 #include "cpu_backend.h"
 #include "path_table.h"
 #include "plan.h"
@@ -45,6 +48,12 @@ class UcxBackend final : public cpu_algorithms::CpuBackend {
   Status register_window(void* data, size_t bytes, void** window) override;
   Status deregister_window(void* window) override;
   Status submit_window(const plugin::WindowOpDesc& op, std::unique_ptr<plugin::Work>* work) override;
+  // Registration takes host-shared memory only (alloc_backend_memory on
+  // cpu:ucx) and refuses other memory, so that a program relying on it
+  // learns when it would not happen. It records the range; the windows
+  // find host-shared memory by themselves, registered or not.
+  Status register_buffer(void* data, size_t bytes, void** handle) override;
+  Status deregister_buffer(void* handle) override;
 
  private:
   friend class cpu_algorithms::CpuBackend;  // its execute() calls run() and error_of()
@@ -72,6 +81,12 @@ class UcxBackend final : public cpu_algorithms::CpuBackend {
   std::string devices_, transports_;  // what the transport opened and selected, read at init
   std::string shm_state_ = "off (one rank)";  // for describe()
   std::string direct_copies_ = "none";        // for describe(): UcxTransport::direct_text
+  struct Registered {
+    void* data;
+    size_t bytes;
+  };
+  std::mutex registered_mu_;  // register_buffer may come from any thread
+  std::vector<std::unique_ptr<Registered>> registered_;
 };
 
 Status UcxBackend::init() {
@@ -198,7 +213,11 @@ void UcxBackend::wake() {
 }
 
 Status UcxBackend::release() {
-  windows_.reset();  // unmaps what is still registered
+  windows_.reset();  // unmaps what is still registered, and the peers' memory it mapped
+  {
+    std::lock_guard<std::mutex> lock(registered_mu_);
+    registered_.clear();
+  }
   collectives_.reset();
   pairwise_.reset();
   shm_.reset();
@@ -257,6 +276,27 @@ Status UcxBackend::submit_window(const plugin::WindowOpDesc& op, std::unique_ptr
   Status st = window_call([&] { windows_->run(op); }, op.type);
   if (st.is_ok() && op.async) *work = std::make_unique<DoneWork>();
   return st;
+}
+
+Status UcxBackend::register_buffer(void* data, size_t bytes, void** handle) {
+  if (!host_shared::find(data, bytes)) {
+    return {ErrorCode::kInvalidArgument,
+            "register_buffer: cpu:ucx registers memory from alloc_backend_memory only (memory every rank on "
+            "the host can map); this buffer of " + std::to_string(bytes) + " bytes is not inside one such allocation"};
+  }
+  auto r = std::make_unique<Registered>(Registered{data, bytes});
+  *handle = r.get();
+  std::lock_guard<std::mutex> lock(registered_mu_);
+  registered_.push_back(std::move(r));
+  return {};
+}
+
+Status UcxBackend::deregister_buffer(void* handle) {
+  std::lock_guard<std::mutex> lock(registered_mu_);
+  auto it = std::find_if(registered_.begin(), registered_.end(), [&](const auto& r) { return r.get() == handle; });
+  if (it == registered_.end()) return {ErrorCode::kInvalidArgument, "deregister_buffer: not a registration of this comm"};
+  registered_.erase(it);
+  return {};
 }
 
 std::string UcxBackend::describe() const {

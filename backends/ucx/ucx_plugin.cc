@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comms/plugin.h"
+#include "host_shared_memory.h"
 #include "ucx_backend.h"
 #include "ucx_log.h"
 #include "ucx_transport.h"
@@ -42,6 +43,22 @@ Status explain(const comms::Hints& hints, std::string* json) {
   return {};
 }
 
+// comms' allocator on cpu: host-shared memory (host_shared_memory.h), which
+// the windows and registered buffers of peers on this host map.
+Status mem_alloc(comms::Device device, size_t bytes, void** ptr) {
+  if (device.type != comms::DeviceType::kCpu) {
+    return {comms::ErrorCode::kInvalidArgument, "the UCX plugin allocates cpu memory only"};
+  }
+  return comms::ucx_backend::host_shared::allocate(bytes, ptr);
+}
+
+Status mem_free(comms::Device device, void* ptr) {
+  if (device.type != comms::DeviceType::kCpu) {
+    return {comms::ErrorCode::kInvalidArgument, "the UCX plugin allocates cpu memory only"};
+  }
+  return comms::ucx_backend::host_shared::release(ptr);
+}
+
 // Every variable this plugin reads (docs/ENVIRONMENT.md lists them).
 constexpr comms::plugin::EnvVariable kEnvVariables[] = {
     {"COMMS_UCX_BUSY_POLL", "auto", "UCX: how waits on the UCP worker poll. auto: poll for up to 100 us (the first 3 us without yielding, then yielding the core after each empty poll; 50 us, all yielding, when the ranks on this host outnumber its cores), then sleep on the worker's event fd; 1: spin until the data arrives; 0: sleep at once. Hint ucx.busy_poll wins over it."},
@@ -66,7 +83,10 @@ extern "C" COMMS_PLUGIN_EXPORT const PluginDescriptor* comms_plugin_entry() {
       .hint_keys = comms::ucx_backend::kHintKeys,
       .create = comms::ucx_backend::create_backend,
       .explain_hints = explain,
-      .features = comms::plugin::kFeatureWindows,
+      .features = comms::plugin::kFeatureWindows | comms::plugin::kFeatureMemAlloc |
+                  comms::plugin::kFeatureRegisterBuffers,
+      .mem_alloc = mem_alloc,
+      .mem_free = mem_free,
       .env_variables = kEnvVariables,
   };
   return &descriptor;

@@ -4,7 +4,9 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -31,6 +33,29 @@ uint64_t read_u64(const std::string& in, size_t* at) {
   return v;
 }
 
+// "<1><fd><inode><allocation bytes><offset>" when [data, data + bytes) is
+// host-shared memory, else "<0>".
+void append_shared_location(std::string* out, const void* data, size_t bytes) {
+  const std::optional<host_shared::Location> shared = host_shared::find(data, bytes);
+  append_u64(out, shared ? 1 : 0);
+  if (!shared) return;
+  append_u64(out, static_cast<uint64_t>(shared->fd));
+  append_u64(out, shared->inode);
+  append_u64(out, shared->alloc_bytes);
+  append_u64(out, shared->offset);
+}
+
+std::optional<host_shared::Location> read_shared_location(const std::string& in, size_t* at) {
+  if (read_u64(in, at) != 1) return std::nullopt;
+  host_shared::Location where;
+  where.fd = static_cast<int>(read_u64(in, at));
+  where.inode = read_u64(in, at);
+  where.alloc_bytes = read_u64(in, at);
+  where.offset = read_u64(in, at);
+  if (where.offset > where.alloc_bytes) throw std::runtime_error("a peer published a malformed window location");
+  return where;
+}
+
 }  // namespace
 
 struct UcxWindows::Window {
@@ -43,6 +68,10 @@ struct UcxWindows::Window {
   std::vector<uint64_t> peer_data, peer_signals;  // per rank: remote addresses
   std::vector<ucp_rkey_h> data_keys, signal_keys;  // per peer (null for this rank)
   std::vector<bool> unflushed;  // per peer: puts since the last flush to it
+  // Per peer on this host whose window is host-shared memory: its
+  // allocation mapped here (null otherwise), and the window's offset in it.
+  std::vector<unsigned char*> mapped;
+  std::vector<size_t> mapped_offset;
 };
 
 UcxWindows::UcxWindows(int rank, int size, std::vector<int> pids, cpu_algorithms::Transport* direct,
@@ -145,6 +174,8 @@ void* UcxWindows::register_window(Store& store, void* data, size_t bytes, std::c
   w->data_keys.assign(static_cast<size_t>(size_), nullptr);
   w->signal_keys.assign(static_cast<size_t>(size_), nullptr);
   w->unflushed.assign(static_cast<size_t>(size_), false);
+  w->mapped.assign(static_cast<size_t>(size_), nullptr);
+  w->mapped_offset.assign(static_cast<size_t>(size_), 0);
   // Whatever fails below releases what was made so far.
   struct Undo {
     UcxWindows* self;
@@ -176,7 +207,8 @@ void* UcxWindows::register_window(Store& store, void* data, size_t bytes, std::c
   w->signals = static_cast<uint64_t*>(attr.address);
   for (int r = 0; r < size_; ++r) __atomic_store_n(&w->signals[r], 0, __ATOMIC_RELEASE);
 
-  // "<data address><signals address><data key size><data key><signals key size><signals key>"
+  // "<data address><signals address><data key size><data key><signals key size><signals key>
+  //  <1 if host-shared: <fd><inode><allocation bytes><offset>, else 0>"
   std::string mine;
   append_u64(&mine, reinterpret_cast<uintptr_t>(data));
   append_u64(&mine, reinterpret_cast<uintptr_t>(w->signals));
@@ -188,6 +220,7 @@ void* UcxWindows::register_window(Store& store, void* data, size_t bytes, std::c
     mine.append(static_cast<const char*>(packed), size);
     ucp_rkey_buffer_release(packed);
   }
+  append_shared_location(&mine, data, bytes);
   const std::string prefix = "ucx/win/" + std::to_string(windows_made_++) + "/";
   store.set(prefix + std::to_string(rank_), mine);
   for (int p = 0; p < size_; ++p) {
@@ -201,6 +234,11 @@ void* UcxWindows::register_window(Store& store, void* data, size_t bytes, std::c
       if (at + size > theirs.size()) throw std::runtime_error("rank " + std::to_string(p) + " published a malformed window key");
       check(ucp_ep_rkey_unpack(eps_[static_cast<size_t>(p)], theirs.data() + at, key), "ucp_ep_rkey_unpack");
       at += size;
+    }
+    const std::optional<host_shared::Location> where = read_shared_location(theirs, &at);
+    if (where && pids_[static_cast<size_t>(p)] > 0) {
+      w->mapped[static_cast<size_t>(p)] = map_peer(p, *where);
+      w->mapped_offset[static_cast<size_t>(p)] = where->offset;
     }
   }
   // No rank may release its part (abort, deregistration) while a peer still
@@ -227,11 +265,45 @@ void UcxWindows::deregister_window_locked(Window* w) {
   for (ucp_rkey_h k : w->signal_keys) {
     if (k) ucp_rkey_destroy(k);
   }
+  for (int p = 0; p < size_; ++p) {
+    if (w->mapped[static_cast<size_t>(p)]) unmap_peer(p, w->mapped[static_cast<size_t>(p)]);
+  }
   std::string failed;
   if (w->data_mem && ucp_mem_unmap(context_, w->data_mem) != UCS_OK) failed = "the window";
   if (w->signal_mem && ucp_mem_unmap(context_, w->signal_mem) != UCS_OK) failed = "the signal counters";
   windows_.erase(it);
   if (!failed.empty()) throw std::runtime_error("ucp_mem_unmap of " + failed + " failed");
+}
+
+unsigned char* UcxWindows::map_peer(int peer, const host_shared::Location& at) {
+  for (PeerMapping& m : mappings_) {
+    if (m.peer == peer && m.inode == at.inode) {
+      ++m.windows;
+      return m.base;
+    }
+  }
+  std::string why_not;
+  auto* base = static_cast<unsigned char*>(host_shared::map_peer(pids_[static_cast<size_t>(peer)], at, &why_not));
+  if (!base) {
+    if (log_) {
+      log_(2, ("ucx: rank " + std::to_string(peer) + "'s window is host-shared memory, but mapping it failed (" +
+               why_not + "); puts to it take cross-memory attach").c_str());
+    }
+    return nullptr;
+  }
+  mappings_.push_back({peer, at.inode, base, at.alloc_bytes, 1});
+  return base;
+}
+
+void UcxWindows::unmap_peer(int peer, unsigned char* base) {
+  for (auto it = mappings_.begin(); it != mappings_.end(); ++it) {
+    if (it->peer != peer || it->base != base) continue;
+    if (--it->windows == 0) {
+      host_shared::unmap_peer(it->base, it->bytes);
+      mappings_.erase(it);
+    }
+    return;
+  }
 }
 
 void UcxWindows::release_all() {
@@ -272,6 +344,7 @@ void UcxWindows::run(const plugin::WindowOpDesc& op) {
     case WindowOpType::kSignal: return signal(*w, op.peer, deadline);
     case WindowOpType::kWaitSignal: return wait_signal(*w, op, deadline);
     case WindowOpType::kFlush:
+      std::atomic_thread_fence(std::memory_order_release);  // memcpy puts: done, and ordered before what follows
       for (int p = 0; p < size_; ++p) flush_peer(*w, p, deadline);
       return;
   }
@@ -284,6 +357,10 @@ void UcxWindows::put(Window& w, const plugin::WindowOpDesc& op, Clock::time_poin
     return;
   }
   check_peer(op.peer);
+  if (unsigned char* to = w.mapped[static_cast<size_t>(op.peer)]) {
+    std::memcpy(to + w.mapped_offset[static_cast<size_t>(op.peer)] + op.offset, op.input, op.bytes);
+    return;
+  }
   if (direct_ && direct_->copies_direct(op.peer)) {
     return direct_->write_direct(op.peer, op.input, w.peer_data[static_cast<size_t>(op.peer)] + op.offset, op.bytes,
                                  deadline);
@@ -301,6 +378,10 @@ void UcxWindows::signal(Window& w, int peer, Clock::time_point deadline) {
     __atomic_fetch_add(&w.signals[rank_], 1, __ATOMIC_RELEASE);
     return;
   }
+  // Every memcpy put before this signal is visible to whoever reads it
+  // (acquire in wait_signal). UCX's atomic on shared memory is a CPU
+  // read-modify-write; the fence keeps the copies' stores ahead of it.
+  std::atomic_thread_fence(std::memory_order_release);
   // The atomic may take another lane than the puts (cross-memory attach
   // for the data, shared memory for the counters): only a flush orders them.
   flush_peer(w, peer, deadline);

@@ -5,7 +5,10 @@
 // array UCX allocates (one uint64 per source rank), and every rank unpacks
 // every peer's remote keys, exchanged through the store at registration.
 //
-// put: to a peer on this host with cross-memory attach, the transport's
+// put: to a peer on this host whose window lies in host-shared memory
+// (alloc_backend_memory, host_shared_memory.h), a memcpy into this rank's
+// mapping of that memory, mapped once per peer allocation at registration
+// and kept while a window uses it. Otherwise, to a peer on this host with cross-memory attach, the transport's
 // direct copy (process_vm_writev) into its buffer: UCX 1.13 gives plain RMA
 // no cma lane, and its software emulation through the peer's worker waits
 // for the peer's progress. To other peers ucp_put_nbx, waited for until the
@@ -16,8 +19,10 @@
 // returns (skipped once the endpoint to a peer on this host is wired up:
 // the add is then a CPU atomic on the shared counters, done in place). wait_signal
 // polls this rank's counters against what earlier waits consumed,
-// progressing the worker (software-emulated RMA needs it). flush: a flush of
-// every endpoint with unflushed puts.
+// progressing the worker (software-emulated RMA needs it), with acquire
+// loads that pair with the release before each signal: a memcpy put is
+// visible to whoever saw the signal after it. flush: a flush of every
+// endpoint with unflushed puts (memcpy puts are complete when they return).
 //
 // Waiting: spin and yield as the backend's busy_poll settings say, then
 // sleep on the worker's event fd in slices of at most 1 ms (a CPU atomic
@@ -41,6 +46,7 @@
 
 #include "comms/plugin.h"
 #include "comms/store.h"
+#include "host_shared_memory.h"
 #include "ucx_transport.h"
 
 namespace comms::ucx_backend {
@@ -90,6 +96,19 @@ class UcxWindows {
   [[noreturn]] void fail(cpu_algorithms::TransportError::Kind kind, int peer, const std::string& what) const;
   static void on_peer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
+  // A peer's host-shared allocation mapped here, shared by the windows in it.
+  struct PeerMapping {
+    int peer;
+    uint64_t inode;
+    unsigned char* base;
+    size_t bytes;
+    int windows;  // using it; unmapped at 0
+  };
+  // The base of peer's allocation mapped here (cached), or null when it
+  // cannot be mapped (the window then takes the ordinary path; logged).
+  unsigned char* map_peer(int peer, const host_shared::Location& at);
+  void unmap_peer(int peer, unsigned char* base);
+
   struct PeerSlot {
     UcxWindows* self;
     int rank;
@@ -114,6 +133,7 @@ class UcxWindows {
   std::vector<Clock::time_point> next_liveness_check_;
   std::vector<bool> wired_;  // per peer: a flush of its endpoint completed
   std::vector<std::unique_ptr<Window>> windows_;
+  std::vector<PeerMapping> mappings_;
   uint64_t windows_made_ = 0;  // names each window's store keys (registration is collective)
   const uint64_t one_ = 1;     // the operand of every signal
   std::atomic<bool> aborted_{false};

@@ -5,9 +5,11 @@
 // other; results are the same.
 //
 // Which backends can: can_register_buffers() says, from the plugin's
-// capability (the NCCL plugin can; Gloo and UCX cannot). Asking one that
-// cannot is an error (kUnsupported naming the backend), never a silent
-// no-op: a program that relies on registration learns it is not happening.
+// capability (NCCL can; UCX can for memory from its allocator, which every
+// rank of the host maps, and refuses other memory with kInvalidArgument;
+// Gloo cannot). Asking one that cannot is an error (kUnsupported naming the
+// backend), never a silent no-op: a program that relies on registration
+// learns it is not happening.
 //
 // Lifetime: a registration lasts until deregister() (or the handle's
 // destructor), and at most as long as the backend that made it. finalize(),
@@ -60,9 +62,10 @@ COMMS_API bool can_register_buffers(const Comm& comm, DeviceType type);
 // kUnsupported when that backend cannot, kInvalidArgument when the backend
 // is not connected yet (a lazy comm before its first op, or offloaded).
 COMMS_API RegisteredBuffer register_buffer(Comm& comm, BufferView buffer);
-// Device memory the backend for `device` prefers (NCCL: ncclMemAlloc), to be
-// released with free_backend_memory on the same device. Not tied to the
-// comm's lifetime. Throws kUnsupported when the backend has no allocator.
+// Memory the backend for `device` prefers (NCCL: ncclMemAlloc; UCX on cpu:
+// host memory every rank of the host maps), to be released with
+// free_backend_memory on the same device. Not tied to the comm's lifetime.
+// Throws kUnsupported when the backend has no allocator.
 COMMS_API void* alloc_backend_memory(const Comm& comm, Device device, size_t bytes);
 COMMS_API void free_backend_memory(const Comm& comm, Device device, void* ptr);
 

@@ -21,6 +21,9 @@ class DeviceMemory {
   virtual void* stream() const = 0;
   // "cpu", or the device's name and compute capability, for reports.
   virtual std::string describe() const = 0;
+  // Whether Buf stages its bytes here (allocate/upload/download) instead of
+  // using its own host bytes as the buffer.
+  virtual bool staged() const { return device().type != DeviceType::kCpu; }
 
   // Device memory of `bytes` (> 0). Throws comms::Error on failure. On cpu
   // nothing is allocated: Buf uses its host bytes directly.
@@ -41,6 +44,11 @@ class DeviceMemory {
 
 // Host memory: Buf's bytes are the buffer.
 std::unique_ptr<DeviceMemory> host_memory();
+
+// CPU memory from the comm's allocator (alloc_backend_memory: on cpu:ucx,
+// memory every rank on the host maps), staged like a device's so that every
+// buffer of a case lives there (--backend-memory).
+std::unique_ptr<DeviceMemory> backend_memory(std::shared_ptr<Comm> comm);
 
 // Host memory labelled cuda:<index> and staged like a device's: the suite's
 // own test of its cuda paths without a GPU (--stand-in-device).

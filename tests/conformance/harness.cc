@@ -14,7 +14,7 @@ namespace comms::conformance {
 Buf::Buf(DataType t, size_t n) : dtype_(t), count_(n), bytes_(n * element_size(t) + 1) {}
 
 Buf::Buf(DeviceMemory& memory, DataType t, size_t n) : Buf(t, n) {
-  if (memory.device().type == DeviceType::kCpu) return;
+  if (!memory.staged()) return;
   memory_ = &memory;
   device_ = {memory.allocate(bytes_.size()), Release{&memory}};
   host_changed_ = true;  // the device starts from the host bytes (zeros), not garbage

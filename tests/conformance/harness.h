@@ -34,6 +34,7 @@ struct SuiteOptions {
   std::chrono::milliseconds op_timeout{60000};
   std::chrono::milliseconds case_timeout{120000};
   bool stand_in_device = false;  // --device cuda on host memory (the suite's own test)
+  bool backend_memory = false;   // --backend-memory: cpu buffers from the comm's allocator
 };
 
 // A typed buffer on the suite's memory, staged on the host. On cpu the host

@@ -483,6 +483,17 @@ int run_suite(SuiteOptions options) {
       world = new_comm(options.backend, bind ? std::optional<Device>(device) : std::nullopt, "conformance-world", co);
     }
     options.backend = world->backend_string();
+    if (options.backend_memory) {
+      if (device.type != DeviceType::kCpu) throw Error(ErrorCode::kInvalidArgument, "--backend-memory is for --device cpu");
+      memory = backend_memory(world);
+      // A backend without an allocator is refused here, once, rather than
+      // by every case's first buffer.
+      try {
+        memory->release(alloc_backend_memory(*world, device, 64));
+      } catch (const Error& e) {
+        throw Error(e.code(), std::string("--backend-memory: ") + e.what());
+      }
+    }
     if (claims.declared) {
       caps.from_claims(claims);
     } else {
@@ -495,7 +506,8 @@ int run_suite(SuiteOptions options) {
     // every report says which GPU it came from.
     std::printf("comms-conformance: backend %s, device %s, world size %d%s%s\n",
                 options.backend.empty() ? "(default)" : options.backend.c_str(),
-                cuda_skip.empty() && device.type == DeviceType::kCuda ? memory->describe().c_str()
+                (cuda_skip.empty() && device.type == DeviceType::kCuda) || options.backend_memory
+                    ? memory->describe().c_str()
                                                                       : options.device.to_string().c_str(),
                 size, options.quick ? ", quick" : "",
                 via_dist ? (std::string(", groups by comms::dist, route ") +
@@ -613,6 +625,8 @@ int main(int argc, char** argv) {
                  "cases (globs) the backend must pass: a skip of one, or a glob matching no case, fails the run")
       ->delimiter(',');
   app.add_flag("--quick", options.quick, "fewer counts and roots");
+  app.add_flag("--backend-memory", options.backend_memory,
+               "every cpu buffer from the comm's allocator (alloc_backend_memory), for a backend that has one");
   app.add_option("--json", options.json_path,
                  "also write the results as JSON to FILE (rank 0); '-': stdout, which then carries the JSON alone "
                  "(the report goes to stderr)");

@@ -336,4 +336,23 @@ TEST(BenchFlags, PutNeedsWindowsAndPrintsPutBesideSendRecv) {
 #endif
 }
 
+// -R 1: buffers from the comm's allocator, registered; results checked on them.
+TEST(BenchFlags, LocalRegisterTakesTheCommsAllocatorWhereThereIsOne) {
+  expect_refused(bench(1, {"--device", "cuda", "-R", "1"}), "comms-bench: -R/--local_register=1 allocates cpu buffers");
+  const auto gloo = bench(2, {"-R", "1"});
+  EXPECT_EQ(gloo.exit_code(), 1) << gloo.output;
+  EXPECT_NE(gloo.output.find("has no allocator of its own"), std::string::npos) << gloo.output;
+#if UCX_PLUGIN_BUILT
+  for (const std::string op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"}) {
+    auto p = bench(2, {"-C", op, "-R", "1", "-b", "8", "-e", "64K", "-f", "64"}, {{"COMMS_BACKEND", "cpu:ucx"}});
+    EXPECT_EQ(p.exit_code(), 0) << op << "\n" << p.output;
+    EXPECT_NE(p.output.find("# no wrong results"), std::string::npos) << op << "\n" << p.output;
+  }
+  auto put = bench(2, {"-C", "put", "-R", "1", "-b", "8", "-e", "4K", "-f", "512"}, {{"COMMS_BACKEND", "cpu:ucx"}});
+  EXPECT_EQ(put.exit_code(), 0) << put.output;
+  EXPECT_NE(put.output.find("from the comm's allocator, registered (-R 1)"), std::string::npos) << put.output;
+  EXPECT_NE(put.output.find("# no wrong results"), std::string::npos) << put.output;
+#endif
+}
+
 }  // namespace

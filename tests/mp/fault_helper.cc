@@ -17,6 +17,8 @@
 //   window-kill  every rank registers a window; the last rank SIGKILLs
 //          itself 0.3 s after a barrier, while rank 0 waits for its signal;
 //          the others put to it after it died: all get peer_failure naming it.
+//          FAULT_WINDOW_MEMORY=backend: the window and the source come from
+//          the comm's allocator (alloc_backend_memory).
 //   abort-peer sync|async  rank 1 aborts its comm (and lives on) while the
 //          others wait for it in an all_to_all: on the sync mesh (the CPU
 //          algorithms read each peer's socket) or, given a timeout of its
@@ -86,8 +88,17 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "window-kill") {
-    std::vector<uint8_t> mine(4096, 0), src(4096, 1);
-    Window w = register_window(*world, BufferView::of(mine));
+    const char* memory = std::getenv("FAULT_WINDOW_MEMORY");
+    const bool from_backend = memory && std::string(memory) == "backend";
+    std::vector<uint8_t> plain_mine(4096, 0), plain_src(4096, 1);
+    uint8_t* mine = plain_mine.data();
+    uint8_t* src = plain_src.data();
+    if (from_backend) {  // released by the process's exit
+      mine = static_cast<uint8_t*>(alloc_backend_memory(*world, Device::cpu(), 4096));
+      src = static_cast<uint8_t*>(alloc_backend_memory(*world, Device::cpu(), 4096));
+      std::memset(src, 1, 4096);
+    }
+    Window w = register_window(*world, BufferView{mine, 4096, DataType::kUint8});
     world->barrier();
     // Rank 0 is already waiting for the last rank's signal when it dies;
     // the other ranks put to it once it is gone.
@@ -99,7 +110,7 @@ int main(int argc, char** argv) {
     auto start = Clock::now();
     try {
       if (world->rank() == 0) w.wait_signal(last, 1);
-      w.put(BufferView::of(src), last, 0, /*signal=*/true);
+      w.put(BufferView{src, 4096, DataType::kUint8}, last, 0, /*signal=*/true);
     } catch (const Error& e) {
       return report(e, start);
     }

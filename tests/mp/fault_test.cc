@@ -166,9 +166,9 @@ void expect_killed_peer_reported(const char* shm) {
 
 // A wait for a killed rank's signal (it dies during the wait) and a put to
 // it: peer_failure naming it, well within the op timeout (its pid is watched).
-TEST(UcxFaults, AKilledPeerFailsAWindowPutOrSignalWaitWithPeerFailureNamingIt) {
+void expect_window_kill_reported(const char* memory) {
   auto p = run({COMMSRUN, "-n", "3", "--grace", "10", "--", FAULT_HELPER, "window-kill"},
-               {{"COMMS_OP_TIMEOUT", "20s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 50s);
+               {{"COMMS_OP_TIMEOUT", "20s"}, {"FAULT_BACKEND", "cpu:ucx"}, {"FAULT_WINDOW_MEMORY", memory}}, 50s);
   ASSERT_NE(p.status, -1) << p.output;
   EXPECT_NE(p.output.find("signal 9"), std::string::npos) << p.output;
   const std::regex re(R"(FAULT rank (\d+) code (\w+) after_ms (\d+) comm \S+ op (\S+) seq \d+ peer (-?\d+))");
@@ -182,6 +182,14 @@ TEST(UcxFaults, AKilledPeerFailsAWindowPutOrSignalWaitWithPeerFailureNamingIt) {
     EXPECT_EQ(m[5], "2") << m[0];
   }
   EXPECT_EQ(reported, 2) << p.output;
+}
+
+TEST(UcxFaults, AKilledPeerFailsAWindowPutOrSignalWaitWithPeerFailureNamingIt) { expect_window_kill_reported("plain"); }
+
+// The same with windows in the allocator's memory, which the survivors have
+// mapped: a put there is a memcpy, and still fails naming the dead rank.
+TEST(UcxFaults, AKilledPeerFailsAPutIntoItsMappedWindowWithPeerFailureNamingIt) {
+  expect_window_kill_reported("backend");
 }
 
 TEST(UcxFaults, APeerKilledMidOpGivesPeerFailureOrTimeoutOnEveryOtherRankWellWithinTheOpTimeout) {

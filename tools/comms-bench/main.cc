@@ -83,6 +83,9 @@ Setup check_flags(const Flags& f) {
   if (f.raw_nccl && !s.on_cuda) bad_flag("--raw-nccl", " times NCCL on CUDA buffers; give --device cuda as well");
   if (f.graph && !s.on_cuda) bad_flag("--graph", " replays CUDA graphs; give --device cuda as well");
   if (f.floor && s.on_cuda) bad_flag("--floor", " is the floor of host memory; it has none for --device cuda");
+  if (f.local_register && s.on_cuda) {
+    bad_flag("-R/--local_register", "=1 allocates cpu buffers through the comm; --device cuda keeps its own buffers");
+  }
   if (s.on_cuda && (f.raw_gloo || f.gloo_native)) {
     bad_flag(f.raw_gloo ? "--raw-gloo" : "--gloo-native",
              f.raw_gloo ? " times the cpu backend's plugin on CPU buffers; with --device cuda, --raw-plugin (the "
@@ -236,7 +239,7 @@ int run(const Flags& f) {
   Bench bench(comm, *s.op, s.dtype, s.redop, f.root, static_cast<Average>(f.average), plan[0], plan[1], f.check == 1,
               baseline.get(), cuda.get(),
               BackendPaths::from_describe(described, s.on_cuda ? DeviceType::kCuda : DeviceType::kCpu), f.overhead,
-              f.graph, f.floor);
+              f.graph, f.floor, f.local_register == 1);
   const RunInfo info{s.op, comm->size(), comm->backend_string(), cuda ? str::cat("cuda:", cuda->device()) : "cpu",
                      cuda != nullptr, baseline ? baseline->name() : "", plan[0], plan[1]};
   // --json -: the JSON alone on stdout.

@@ -145,6 +145,10 @@ void add_flags(CLI::App& app, Flags& flags) {
   app.add_flag("--floor", flags.floor,
                "beside each row, the op's memory-bound floor on this host (the same bytes moved by one thread "
                "per rank in one process, plain loads and stores, timed in the same run) and p50 / floor");
+  app.add_option("-R,--local_register", flags.local_register,
+                 "1: the op's buffers come from the comm's allocator (alloc_backend_memory) and are registered "
+                 "with it (register_buffer), as nccl-tests' -R 1; cpu buffers only")
+      ->check(CLI::Range(0, 1));
   app.add_flag("--graph", flags.graph,
                "with --device cuda: capture each size's op once in a CUDA graph (comms and the baseline "
                "alike) and time its replays, as an inference engine issues it");

@@ -47,6 +47,8 @@ struct Flags {
   bool raw_plugin = false, raw_gloo = false, gloo_native = false, raw_nccl = false;
   bool graph = false;  // --graph: time replays of a CUDA graph holding the op
   bool floor = false;  // --floor: each row's memory-bound floor (floor.h) and the ratio to it
+  // -R 1: buffers from the comm's allocator, registered (backend_buffer.h).
+  int local_register = 0;
 
   bool has_raw() const { return raw_plugin || raw_gloo || gloo_native || raw_nccl || overhead; }
   bool plugin_baseline() const { return has_raw() && !gloo_native && !raw_nccl; }

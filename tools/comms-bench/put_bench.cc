@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend_buffer.h"
 #include "comms/comms.h"
 #include "util/strutil.h"
 
@@ -86,7 +87,7 @@ double stream_sends(Pair& p, BufferView src, BufferView dst, BufferView ack, int
 }
 
 // Bytes of `got` that differ from the first rank's pattern.
-int64_t wrong_bytes(const std::vector<uint8_t>& got, size_t bytes, int from) {
+int64_t wrong_bytes(const uint8_t* got, size_t bytes, int from) {
   int64_t wrong = 0;
   for (size_t i = 0; i < bytes; ++i) wrong += got[i] != uint8_t(i * 31 + size_t(from));
   return wrong;
@@ -123,21 +124,30 @@ int run_put_bench(const Flags& f, std::shared_ptr<Comm> comm) {
   comm->broadcast(BufferView::of(plan, 2), 0);
   const int iters = plan[0], warmup = plan[1];
   const size_t most = std::max<size_t>(hi, 1);
-  std::vector<uint8_t> src(most), dst(most), inbox(most), ack(1);
+  // -R 1: the three buffers from the comm's allocator, registered.
+  std::vector<uint8_t> plain(f.local_register ? 0 : 3 * most), ack(1);
+  BackendBuffer registered[3];
+  uint8_t* buffers[3];
+  for (int b = 0; b < 3; ++b) {
+    if (f.local_register) registered[b] = BackendBuffer(comm, most);
+    buffers[b] = f.local_register ? registered[b].data() : plain.data() + size_t(b) * most;
+  }
+  uint8_t *src = buffers[0], *dst = buffers[1], *inbox = buffers[2];
   const int me = comm->rank();
   for (size_t i = 0; i < most; ++i) src[i] = uint8_t(i * 31 + size_t(me));
-  Window window = register_window(*comm, BufferView::of(inbox));
+  Window window = register_window(*comm, BufferView{inbox, most, DataType::kUint8});
   Pair pair{*comm, window, me ^ 1, me % 2 == 0};
   if (me == 0) {
-    std::printf("# comms-bench put, %d ranks (pairs r, r^1), backend %s, cpu buffers, %d iterations (%d warm-up)\n",
-                comm->size(), comm->backend_string().c_str(), iters, warmup);
+    std::printf("# comms-bench put, %d ranks (pairs r, r^1), backend %s, cpu buffers%s, %d iterations (%d warm-up)\n",
+                comm->size(), comm->backend_string().c_str(),
+                f.local_register ? " from the comm's allocator, registered (-R 1)" : "", iters, warmup);
     std::printf("# lat: half a ping-pong's round trip (p50, p99 of the slowest rank); bw: %d transfers in a row\n",
                 iters);
     std::printf("#%12s %14s %10s %10s %10s %7s\n", "size(B)", "mode", "p50(us)", "p99(us)", "algbw", "#wrong");
   }
   int64_t total_wrong = 0;
   for (size_t bytes = lo; bytes <= hi;) {
-    const BufferView s{src.data(), bytes, DataType::kUint8}, d{dst.data(), bytes, DataType::kUint8};
+    const BufferView s{src, bytes, DataType::kUint8}, d{dst, bytes, DataType::kUint8};
     std::vector<double> put_lat(static_cast<size_t>(iters)), sr_lat(static_cast<size_t>(iters));
     for (int i = 0; i < warmup; ++i) ping_pong_put(pair, s), ping_pong_send_recv(pair, s, d);
     for (int i = 0; i < iters; ++i) {  // alternating: both see the same machine
@@ -147,8 +157,8 @@ int run_put_bench(const Flags& f, std::shared_ptr<Comm> comm) {
     slowest_over_ranks(*comm, put_lat);
     slowest_over_ranks(*comm, sr_lat);
     std::vector<double> bw(4, 0);
-    std::fill(inbox.begin(), inbox.end(), 0);
-    std::fill(dst.begin(), dst.end(), 0);
+    std::fill(inbox, inbox + most, 0);
+    std::fill(dst, dst + most, 0);
     comm->barrier();
     stream_puts(pair, s, std::max(1, warmup));
     bw[0] = stream_puts(pair, s, iters);

@@ -7,7 +7,9 @@
 //   put bw         -n puts of the size in a row, then one signal and the
 //                  peer's signal back; bytes / (time / n)
 //   send_recv bw   -n sends in a row, then a 1-byte reply
-// The bandwidth rows' data is checked on the receiver (#wrong).
+// The bandwidth rows' data is checked on the receiver (#wrong). With -R 1
+// the window, the sources and the receive buffers come from the comm's
+// allocator, registered (on cpu:ucx: puts become copies into a mapping).
 #pragma once
 
 #include <memory>

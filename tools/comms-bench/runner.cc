@@ -33,8 +33,14 @@ Bench::Shape Bench::prepare(size_t bytes, bool in_place) {
   // The host buffers are the device buffers' mirrors on cuda: filled and
   // checked here, copied on the bench's stream.
   if (cuda_) cuda_->reserve(in_.size());
-  s.in_base = cuda_ ? cuda_->input() : in_.data();
-  s.out_base = cuda_ ? cuda_->output() : out_.data();
+  if (local_register_ && registered_in_.size() < in_.size()) {
+    registered_in_ = BackendBuffer();  // the old pair goes before the new one is made
+    registered_out_ = BackendBuffer();
+    registered_in_ = BackendBuffer(comm_, in_.size());
+    registered_out_ = BackendBuffer(comm_, out_.size());
+  }
+  s.in_base = cuda_ ? cuda_->input() : local_register_ ? registered_in_.data() : in_.data();
+  s.out_base = cuda_ ? cuda_->output() : local_register_ ? registered_out_.data() : out_.data();
   s.device = cuda_ ? Device::cuda(cuda_->device()) : Device::cpu();
   s.opts.stream = cuda_ ? cuda_->stream() : nullptr;
   s.peer = s.rank ^ 1;
@@ -46,6 +52,10 @@ void Bench::fill(const Shape& s) {
   for (size_t i = 0; i < s.big; ++i) numeric::store_from_double(in_.data(), dtype_, i, double((s.rank + 1) + i % 3));
   if (s.in_place) std::copy(in_.begin(), in_.end(), out_.begin());
   if (cuda_) cuda_->upload(in_, out_);
+  if (local_register_) {
+    std::copy(in_.begin(), in_.end(), registered_in_.data());
+    std::copy(out_.begin(), out_.end(), registered_out_.data());
+  }
 }
 
 BenchOp Bench::op_of(const Shape& s) const {
@@ -147,6 +157,10 @@ int64_t Bench::check(const Shape& s, bool primary_raw) {
   for (bool side : overhead_ ? std::vector<bool>{false, true} : std::vector<bool>{primary_raw}) {
     timed(s, side);
     if (cuda_) cuda_->download(in_, out_);
+    if (local_register_) {
+      std::copy(registered_in_.data(), registered_in_.data() + in_.size(), in_.begin());
+      std::copy(registered_out_.data(), registered_out_.data() + out_.size(), out_.begin());
+    }
     wrong += count_wrong(s.count, s.in_place, s.rank, s.n, s.peer);
     fill(s);
   }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_buffer.h"
 #include "backend_paths.h"
 #include "baseline.h"
 #include "bench_cuda.h"
@@ -40,10 +41,10 @@ class Bench {
   // `average`: how an iteration's times on the ranks combine (-a).
   Bench(std::shared_ptr<Comm> comm, const OpInfo& op, DataType dtype, ReduceOp redop, int root, Average average,
         int iters, int warmup, bool check, Baseline* baseline, CudaBench* cuda, BackendPaths paths, bool overhead,
-        bool graph = false, bool floor = false)
+        bool graph = false, bool floor = false, bool local_register = false)
       : comm_(std::move(comm)), op_(op), dtype_(dtype), redop_(redop), root_(root), average_(average),
         iters_(iters), warmup_(warmup), check_(check), baseline_(baseline), cuda_(cuda), paths_(std::move(paths)),
-        overhead_(overhead), graph_(graph), floor_(floor) {}
+        overhead_(overhead), graph_(graph), floor_(floor), local_register_(local_register) {}
 
   Row run(size_t bytes, bool in_place);
 
@@ -94,6 +95,9 @@ class Bench {
   bool floor_;
   int floor_rows_ = 0;  // names each row's floor result in the store
   std::vector<uint8_t> in_, out_;
+  // -R 1: the op's buffers, of which in_ and out_ are mirrors (as on cuda).
+  bool local_register_;
+  BackendBuffer registered_in_, registered_out_;
 };
 
 }  // namespace comms::bench
