@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 namespace comms::nccl {
 namespace {
@@ -58,6 +59,11 @@ static_assert(static_cast<int>(ncclTimeout) == kNcclTimeoutResult);
 static_assert(static_cast<int>(ncclNumResults) == kNcclTimeoutResult);
 #endif
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+// The grow entry points as GrowFn/GrowIdFn below call them (NcclConfig in
+// place of ncclConfig_t, as for every config).
+static_assert(std::is_same_v<decltype(&ncclCommGrow), ncclResult_t (*)(ncclComm_t, int, const ncclUniqueId*, int,
+                                                                         ncclComm_t*, ncclConfig_t*)> &&
+              std::is_same_v<decltype(&ncclCommGetUniqueId), ncclResult_t (*)(ncclComm_t, ncclUniqueId*)>);
 static_assert(static_cast<int>(ncclStatGpuMemSuspend) == static_cast<int>(MemStat::kSuspendable) &&
               static_cast<int>(ncclStatGpuMemSuspended) == static_cast<int>(MemStat::kSuspended) &&
               static_cast<int>(ncclStatGpuMemPersist) == static_cast<int>(MemStat::kPersistent) &&
@@ -86,6 +92,8 @@ using PutSignalFn = ncclResult_t (*)(const void*, size_t, ncclDataType_t, int, n
                                      unsigned int, ncclComm_t, cudaStream_t);
 using SignalFn = ncclResult_t (*)(int, int, int, unsigned int, ncclComm_t, cudaStream_t);
 using WaitSignalFn = ncclResult_t (*)(int, WaitSignalDesc*, ncclComm_t, cudaStream_t);
+using GrowIdFn = ncclResult_t (*)(ncclComm_t, ncclUniqueId*);
+using GrowFn = ncclResult_t (*)(ncclComm_t, int, const ncclUniqueId*, int, ncclComm_t*, NcclConfig*);
 
 struct OptionalSymbols {
   ShrinkFn shrink = nullptr;
@@ -100,9 +108,12 @@ struct OptionalSymbols {
   PutSignalFn put_signal = nullptr;
   SignalFn signal = nullptr;
   WaitSignalFn wait_signal = nullptr;
+  GrowIdFn grow_id = nullptr;
+  GrowFn grow = nullptr;
   bool native_collectives() const { return all_to_all && gather && scatter; }
   bool suspend_resume() const { return suspend && resume && mem_stats; }
   bool one_sided() const { return win_register && win_deregister && put_signal && signal && wait_signal; }
+  bool growth() const { return grow_id && grow; }
 };
 
 template <class Fn>
@@ -132,6 +143,8 @@ OptionalSymbols find_optional_symbols() {
   find(lib, version, kOneSidedVersion, "ncclPutSignal", &out.put_signal);
   find(lib, version, kOneSidedVersion, "ncclSignal", &out.signal);
   find(lib, version, kOneSidedVersion, "ncclWaitSignal", &out.wait_signal);
+  find(lib, version, kGrowVersion, "ncclCommGetUniqueId", &out.grow_id);
+  find(lib, version, kGrowVersion, "ncclCommGrow", &out.grow);
   return out;
 }
 
@@ -145,6 +158,14 @@ class RealNcclApi final : public NcclApi {
   }
   ncclResult_t comm_revoke(ncclComm_t comm, int flags) override {
     return syms_.revoke ? syms_.revoke(comm, flags) : ncclInvalidUsage;
+  }
+  bool has_grow() override { return syms_.growth(); }
+  ncclResult_t comm_get_unique_id(ncclComm_t comm, ncclUniqueId* id) override {
+    return has_grow() ? syms_.grow_id(comm, id) : ncclInvalidUsage;
+  }
+  ncclResult_t comm_grow(ncclComm_t comm, int nranks, const ncclUniqueId* id, int rank, ncclComm_t* child,
+                         NcclConfig* config) override {
+    return has_grow() ? syms_.grow(comm, nranks, id, rank, child, config) : ncclInvalidUsage;
   }
   bool has_native_collectives() override { return syms_.native_collectives(); }
   bool has_suspend() override { return syms_.suspend_resume(); }

@@ -38,6 +38,7 @@ namespace comms::nccl {
 inline constexpr int kNativeCollectivesVersion = 22800;  // ncclAlltoAll, ncclGather, ncclScatter
 inline constexpr int kSuspendVersion = 22900;            // ncclCommSuspend/Resume/MemStats
 inline constexpr int kOneSidedVersion = 22900;           // ncclPutSignal, ncclSignal, ncclWaitSignal
+inline constexpr int kGrowVersion = 22900;               // ncclCommGetUniqueId, ncclCommGrow
 inline constexpr int kTimeoutResultVersion = 23000;      // ncclTimeout
 
 // ncclResult_t 8: ncclTimeout from NCCL 2.30; before, 8 was ncclNumResults
@@ -150,6 +151,16 @@ class NcclApi {
     return ncclInvalidUsage;
   }
   virtual ncclResult_t comm_revoke(ncclComm_t /*comm*/, int /*flags*/) { return ncclInvalidUsage; }
+  // Elastic growth, optional likewise: ncclCommGetUniqueId and ncclCommGrow
+  // (>= 2.29). A member passes its communicator (and, on the one that took
+  // the id from it, the id), rank -1; a newcomer no communicator, the id and
+  // its rank.
+  virtual bool has_grow() { return false; }
+  virtual ncclResult_t comm_get_unique_id(ncclComm_t /*comm*/, ncclUniqueId* /*id*/) { return ncclInvalidUsage; }
+  virtual ncclResult_t comm_grow(ncclComm_t /*comm*/, int /*nranks*/, const ncclUniqueId* /*id*/, int /*rank*/,
+                                 ncclComm_t* /*child*/, NcclConfig* /*config*/) {
+    return ncclInvalidUsage;
+  }
   // Likewise: ncclAlltoAll/ncclGather/ncclScatter (>= 2.28);
   // ncclCommSuspend/Resume/MemStats (>= 2.29); windows with one-sided ops:
   // ncclCommWindowRegister/Deregister, ncclPutSignal, ncclSignal and

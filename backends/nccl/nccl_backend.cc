@@ -4,6 +4,7 @@
 #include "nccl_backend.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "nccl_core.h"
 #include "nccl_work.h"
@@ -51,6 +52,7 @@ class NcclBackend final : public plugin::Backend {
   void abort(const std::string& reason) override { core_->request_abort(reason); }
   void revoke(const std::string& reason) override { core_->request_revoke(reason); }
   Status shrink(const plugin::SplitDesc& desc, std::unique_ptr<plugin::Backend>* child) override;
+  Status grow(const plugin::GrowDesc& desc, std::unique_ptr<plugin::Backend>* child) override;
 
   Status finalize() override {
     wait_outstanding();
@@ -142,26 +144,33 @@ Status child_setup(Core& core, const plugin::BackendInit& given, BackendInit* ch
   return {};
 }
 
-// Native (ncclCommShrink) or not must be the same on every survivor, and a
-// survivor whose communicator was aborted (say, an op timed out before the
-// revoke came) cannot shrink: each votes through the child's store, and any
-// "no" makes every survivor return kUnsupported, so that libcomms re-creates
-// the comm (a new unique id among the survivors) everywhere.
-Status vote_native(Store& store, int child_rank, int child_size, bool mine, milliseconds timeout,
-                   bool* all) {
+// Native (ncclCommShrink, ncclCommGrow) or not must be the same on every
+// participant, and one whose communicator was aborted (say, an op timed out
+// before the revoke came) or whose NCCL lacks the call cannot take part:
+// each votes through the child's store under "nccl/<job>/native/", and any
+// "no" makes every participant return kUnsupported, so that libcomms
+// re-creates the comm (a new unique id among all of them) everywhere.
+Status vote_native(Store& store, const std::string& job, const char* call, int child_rank, int child_size, bool mine,
+                   milliseconds timeout, bool* all) {
+  const std::string dir = "nccl/" + job + "/native/";
+  const std::string what = job + ": agreeing on " + call + " through the store: ";
   try {
-    store.set("nccl/shrink/native/" + std::to_string(child_rank), mine ? "1" : "0");
+    store.set(dir + std::to_string(child_rank), mine ? "1" : "0");
     *all = mine;
     for (int r = 0; r < child_size; ++r) {
-      if (store.get("nccl/shrink/native/" + std::to_string(r), timeout) != "1") *all = false;
+      if (store.get(dir + std::to_string(r), timeout) != "1") *all = false;
     }
     return {};
   } catch (const Error& e) {
-    return {e.code(), std::string("shrink: agreeing on ncclCommShrink through the store: ") + e.what()};
+    return {e.code(), what + e.what()};
   } catch (const std::exception& e) {
-    return {ErrorCode::kInternal, std::string("shrink: agreeing on ncclCommShrink through the store: ") + e.what()};
+    return {ErrorCode::kInternal, what + e.what()};
   }
 }
+
+// The id of a native grow: the member of rank 0 takes it from its
+// communicator and publishes it here; the newcomers read it.
+constexpr const char* kGrowIdKey = "nccl/grow/unique_id";
 
 Status NcclBackend::submit(const OpDesc& op, std::unique_ptr<plugin::Work>* work) {
   if (op.hints && !op.hints->empty()) {
@@ -320,8 +329,8 @@ Status NcclBackend::shrink(const plugin::SplitDesc& desc, std::unique_ptr<plugin
     mine = core_->can_shrink_locked();
   }
   bool all = false;
-  if (Status s = vote_native(*desc.child.store, child_rank, static_cast<int>(desc.ranks.size()), mine,
-                             child_init.init_timeout, &all);
+  if (Status s = vote_native(*desc.child.store, "shrink", "ncclCommShrink", child_rank,
+                             static_cast<int>(desc.ranks.size()), mine, child_init.init_timeout, &all);
       !s.is_ok()) {
     return s;
   }
@@ -355,6 +364,76 @@ Status NcclBackend::shrink(const plugin::SplitDesc& desc, std::unique_ptr<plugin
   return {};
 }
 
+Status NcclBackend::grow(const plugin::GrowDesc& desc, std::unique_ptr<plugin::Backend>* child) {
+  child->reset();
+  const BackendInit& parent = core_->init();
+  if (!desc.child.store || desc.members != parent.size || desc.child.rank != parent.rank ||
+      desc.child.size <= desc.members) {
+    return {ErrorCode::kInvalidArgument,
+            "grow: rank " + std::to_string(parent.rank) + " of " + std::to_string(parent.size) +
+                " cannot be rank " + std::to_string(desc.child.rank) + " of a comm grown from " +
+                std::to_string(desc.members) + " to " + std::to_string(desc.child.size) + " ranks, or no store"};
+  }
+  BackendInit child_init;
+  Hints merged;
+  TranslatedHints translated;
+  // A participant that cannot go on still votes (no), so that the others
+  // do not wait for its vote.
+  const Status setup = child_setup(*core_, desc.child, &child_init, &merged, &translated);
+  bool mine = false;
+  if (setup.is_ok()) {
+    wait_outstanding();  // NCCL grows only a parent with no op outstanding
+    std::lock_guard lock(core_->mu);
+    mine = core_->can_grow_locked();
+  }
+  bool all = false;
+  if (Status s = vote_native(*desc.child.store, "grow", "ncclCommGrow", desc.child.rank, desc.child.size, mine,
+                             setup.is_ok() ? child_init.init_timeout : desc.child.init_timeout, &all);
+      !s.is_ok()) {
+    return s;
+  }
+  if (!setup.is_ok()) return setup;
+  if (!all) {
+    return {ErrorCode::kUnsupported,
+            mine ? "a participant cannot use ncclCommGrow: the comm is re-created"
+                 : "ncclCommGrow is not available (NCCL < 2.29, or the communicator is not up and healthy): the "
+                   "comm is re-created"};
+  }
+  // Only after the vote: an id taken and never used would refuse the next.
+  ncclUniqueId id;
+  const bool takes_id = parent.rank == 0;
+  if (takes_id) {
+    std::lock_guard lock(core_->mu);
+    if (Status s = core_->grow_unique_id_locked(&id); !s.is_ok()) return s;
+    try {
+      desc.child.store->set(kGrowIdKey, std::string(id.internal, sizeof id.internal));
+    } catch (const std::exception& e) {
+      return {ErrorCode::kPeerFailure, std::string("grow: publishing the ncclCommGrow id through the store: ") +
+                                           e.what()};
+    }
+  }
+  ncclComm_t child_comm = nullptr;
+  {
+    std::lock_guard lock(core_->mu);
+    if (Status s = core_->grow_locked(desc.child.size, takes_id ? &id : nullptr, translated.config,
+                                      child_init.comm_name, child_init.init_timeout, &child_comm);
+        !s.is_ok()) {
+      return s;
+    }
+  }
+  core_->log(1, "ncclCommGrow from " + std::to_string(desc.members) + " to " + std::to_string(desc.child.size) +
+                    " ranks: rank " + std::to_string(desc.child.rank));
+  auto child_core = std::make_shared<Core>(core_->api_ptr(), child_init, merged, translated);
+  auto backend = std::make_unique<NcclBackend>(child_core, options_);
+  {
+    std::lock_guard lock(child_core->mu);
+    child_core->set_created_by_locked("ncclCommGrow");
+    if (Status s = child_core->adopt_locked(child_comm); !s.is_ok()) return s;
+  }
+  *child = std::move(backend);
+  return {};
+}
+
 Status NcclBackend::set_hints(const Hints& hints) {
   Hints merged;
   {
@@ -382,8 +461,11 @@ Status NcclBackend::set_hints(const Hints& hints) {
 
 }  // namespace
 
-Status create_nccl_backend(std::shared_ptr<NcclApi> api, const BackendInit& init,
-                           std::unique_ptr<plugin::Backend>* out, NcclBackendOptions options) {
+namespace {
+
+// What create() checks before anything connects; the hints translated for
+// the loaded NCCL.
+Status checked_init(NcclApi& api, const BackendInit& init, TranslatedHints* t) {
   if (init.device.type != DeviceType::kCuda) {
     return {ErrorCode::kInvalidArgument,
             "the nccl backend serves cuda devices, not " +
@@ -396,9 +478,62 @@ Status create_nccl_backend(std::shared_ptr<NcclApi> api, const BackendInit& init
   if (!init.store) {
     return {ErrorCode::kInvalidArgument, "nccl backend: no store to exchange the NCCL unique id"};
   }
+  return translate_hints(init.hints, api.loaded_version(), t);
+}
+
+}  // namespace
+
+Status create_nccl_backend(std::shared_ptr<NcclApi> api, const BackendInit& init,
+                           std::unique_ptr<plugin::Backend>* out, NcclBackendOptions options) {
   TranslatedHints t;
-  if (Status s = translate_hints(init.hints, api->loaded_version(), &t); !s.is_ok()) return s;
+  if (Status s = checked_init(*api, init, &t); !s.is_ok()) return s;
   auto core = std::make_shared<Core>(std::move(api), init, init.hints, std::move(t));
+  *out = std::make_unique<NcclBackend>(std::move(core), options);
+  return {};
+}
+
+Status join_grown_nccl_backend(std::shared_ptr<NcclApi> api, const plugin::GrowDesc& desc,
+                               std::unique_ptr<plugin::Backend>* out, NcclBackendOptions options) {
+  const BackendInit& init = desc.child;
+  if (init.rank < desc.members) {
+    return {ErrorCode::kInvalidArgument, "join_grown: rank " + std::to_string(init.rank) +
+                                             " is a member's rank, not a newcomer's (members: " +
+                                             std::to_string(desc.members) + ")"};
+  }
+  if (!init.store) return {ErrorCode::kInvalidArgument, "join_grown: no store to vote and read the id through"};
+  // As in grow(): a newcomer that cannot go on still votes (no).
+  TranslatedHints t;
+  const Status checked = checked_init(*api, init, &t);
+  bool all = false;
+  if (Status s = vote_native(*init.store, "grow", "ncclCommGrow", init.rank, init.size,
+                             checked.is_ok() && api->has_grow(), init.init_timeout, &all);
+      !s.is_ok()) {
+    return s;
+  }
+  if (!checked.is_ok()) return checked;
+  if (!all) {
+    return {ErrorCode::kUnsupported, api->has_grow() ? "a participant cannot use ncclCommGrow: the comm is re-created"
+                                                     : "ncclCommGrow is not available (NCCL < 2.29): the comm is "
+                                                       "re-created"};
+  }
+  ncclUniqueId id;
+  try {
+    const std::string bytes = init.store->get(kGrowIdKey, init.init_timeout);
+    if (bytes.size() != sizeof id.internal) {
+      return {ErrorCode::kInternal, "store key '" + std::string(kGrowIdKey) + "' holds " +
+                                        std::to_string(bytes.size()) + " bytes, expected " +
+                                        std::to_string(sizeof id.internal)};
+    }
+    std::memcpy(id.internal, bytes.data(), bytes.size());
+  } catch (const Error& e) {
+    return {e.code(), "join_grown: reading the ncclCommGrow id (member rank 0 publishes it): " + std::string(e.what())};
+  }
+  auto core = std::make_shared<Core>(std::move(api), init, init.hints, std::move(t));
+  {
+    std::lock_guard lock(core->mu);
+    if (Status s = core->join_grown_locked(id); !s.is_ok()) return s;
+  }
+  core->log(1, "ncclCommGrow as newcomer rank " + std::to_string(init.rank) + " of " + std::to_string(init.size));
   *out = std::make_unique<NcclBackend>(std::move(core), options);
   return {};
 }

@@ -46,6 +46,13 @@ Status create_nccl_backend(std::shared_ptr<NcclApi> api, const plugin::BackendIn
                            std::unique_ptr<plugin::Backend>* out,
                            NcclBackendOptions options = {});
 
+// The descriptor's join_grown (plugin ABI 2.7): a newcomer's backend of a
+// grown comm, by ncclCommGrow with the id a member published in
+// desc.child.store, when every participant votes for it there; else
+// kUnsupported, having built nothing (libcomms then calls create()).
+Status join_grown_nccl_backend(std::shared_ptr<NcclApi> api, const plugin::GrowDesc& desc,
+                               std::unique_ptr<plugin::Backend>* out, NcclBackendOptions options = {});
+
 // The descriptor's dry run: translate for the loaded NCCL and render JSON.
 Status explain_nccl_hints(NcclApi& api, const Hints& hints, std::string* json);
 

@@ -67,6 +67,7 @@ std::string Core::describe_locked() const {
   j["revoked"] = revoked_;
   j["native_shrink"] = api_->has_shrink();
   j["native_revoke"] = api_->has_revoke();
+  j["native_grow"] = api_->has_grow();
   // all_to_all, gather and scatter: ncclAlltoAll/ncclGather/ncclScatter, or
   // grouped send/recv on an NCCL without them.
   j["native_all_to_all_gather_scatter"] = api_->has_native_collectives();

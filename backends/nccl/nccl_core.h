@@ -8,6 +8,7 @@
 //   nccl_work.cc       completion, deadlines and failure (the watchdog's round)
 //   nccl_teardown.cc   finalize, abort and destroy
 //   nccl_shrink.cc     elastic recovery: revoke and native shrink
+//   nccl_grow.cc       elastic growth: native grow (ncclCommGrow)
 //   nccl_suspend.cc    offload by suspend (ncclCommSuspend/Resume, MemStats)
 //   nccl_window.cc     windows and their one-sided ops (ncclPutSignal & co.)
 //   nccl_core.cc       construction, settling NCCL calls, describe, memory
@@ -150,6 +151,23 @@ class Core {
   Status shrink_locked(std::vector<int> exclude, const NcclConfigFields& child_fields,
                        const std::string& child_name, std::chrono::milliseconds timeout,
                        ncclComm_t* child, int* flags);
+  // --- elastic growth (nccl_grow.cc) ---
+  // Whether ncclCommGrow can run on this member's communicator: the loaded
+  // NCCL has it (>= 2.29) and the communicator is up and healthy (not lazy,
+  // failed, revoked or suspended).
+  bool can_grow_locked();
+  // ncclCommGetUniqueId on the communicator: the id of its next grow, which
+  // one member takes and the newcomers join with.
+  Status grow_unique_id_locked(ncclUniqueId* id);
+  // A member's ncclCommGrow to `size` ranks (rank -1: it keeps its own), with
+  // `id` on the member that took it and null on the others. The parent is
+  // aborted if the grow fails (its state is then unknown to NCCL's users).
+  Status grow_locked(int size, const ncclUniqueId* id, const NcclConfigFields& child_fields,
+                     const std::string& child_name, std::chrono::milliseconds timeout, ncclComm_t* child);
+  // A newcomer's ncclCommGrow (no parent, the members' id, rank init().rank,
+  // this core's hints), bounded by the init timeout; adopts the result.
+  Status join_grown_locked(const ncclUniqueId& id);
+
   // "<what>: the NCCL communicator failed earlier: ...", coded kRevoked
   // after a revoke, else kAborted.
   Status failed_earlier(const std::string& what) const {

@@ -27,6 +27,14 @@ comms::Status create(const comms::plugin::BackendInit& init,
   }
 }
 
+comms::Status join_grown(const comms::plugin::GrowDesc& desc, std::unique_ptr<comms::plugin::Backend>* out) {
+  try {
+    return comms::nccl::join_grown_nccl_backend(comms::nccl::real_nccl_api(), desc, out);
+  } catch (const std::exception& e) {
+    return {comms::ErrorCode::kInternal, std::string("joining a grown nccl communicator: ") + e.what()};
+  }
+}
+
 comms::Status explain(const comms::Hints& hints, std::string* json) {
   try {
     return comms::nccl::explain_nccl_hints(*comms::nccl::real_nccl_api(), hints, json);
@@ -77,6 +85,9 @@ comms_plugin_entry() {
       .mem_alloc = mem_alloc,
       .mem_free = mem_free,
       .env_variables = kEnvVariables,
+      // Native on NCCL >= 2.29; below, it and Backend::grow answer
+      // kUnsupported everywhere and libcomms re-creates.
+      .join_grown = join_grown,
   };
   return &descriptor;
 }

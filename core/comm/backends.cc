@@ -93,7 +93,7 @@ plugin::BackendInit Comm::Impl::init_for(DeviceType t) const {
   return init;
 }
 
-void Comm::Impl::create_backend(DeviceType t, const Hints& routed) {
+void Comm::Impl::place_backend(DeviceType t, const Hints& routed) {
   DeviceBackend& s = device_backend(t);
   s.plugin = &internal::PluginRegistry::instance().get(config_.spec.backend_for(t));
   s.hints = routed;
@@ -102,6 +102,11 @@ void Comm::Impl::create_backend(DeviceType t, const Hints& routed) {
     const bool given = config_.bound_device && config_.bound_device->type == t && config_.bound_device->index >= 0;
     s.device.index = given ? config_.bound_device->index : config_.local_rank;
   }
+}
+
+void Comm::Impl::create_backend(DeviceType t, const Hints& routed) {
+  place_backend(t, routed);
+  DeviceBackend& s = device_backend(t);
   const Status st = internal::call_plugin(
       s.plugin->name, "create", [&] { return s.plugin->descriptor->create(init_for(t), &s.backend); }, s.backend,
       "backend");
@@ -118,7 +123,12 @@ void Comm::Impl::create_backends() {
     const auto t = static_cast<DeviceType>(i);
     if (config_.spec.has(t)) create_backend(t, routed[i]);
   }
-  if (config_.bound_device) {
+  connect_bound_backend();
+}
+
+void Comm::Impl::connect_bound_backend() {
+  // A backend made ready by its parent (a native grow) is connected already.
+  if (config_.bound_device && device_backend(config_.bound_device->type).state.load() == BackendState::kLazy) {
     const DeviceType t = config_.bound_device->type;
     ensure_ready(device_backend(t), t, OpType::kBarrier, 0);
     flush_barrier(t);

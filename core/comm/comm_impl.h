@@ -95,6 +95,11 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
     // before any. `suspended`: the kept backend is suspended now.
     const char* offload_mode = nullptr;
     bool suspended = false;
+    // How the backend was made when its comm grew (describe(); kept across
+    // offload cycles, as the rest of describe()): "native" (Backend::grow or
+    // the plugin's join_grown, ABI 2.7) or "recreate" (create()); null on
+    // comms that did not grow.
+    const char* grown = nullptr;
     // supports_reduction's answers for the backend of generation
     // `reductions_generation` (-1: none asked yet; a reload's new backend is
     // asked again): per ReduceKind, one bit per DataType. Relaxed atomics:
@@ -258,6 +263,19 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   // backends made by `build`; aborted and finalized if `build` throws.
   static std::shared_ptr<Impl> make_derived(Config c, int64_t tickets_handled, const std::function<void(Impl&)>& build);
 
+  // --- elastic growth (grow.cc) --------------------------------------------
+  // The device types of `spec` (bit 1 << DeviceType) whose backend this
+  // participant could build natively in a grown comm: its plugin is of ABI
+  // >= 2.7 and has join_grown, and on a member (`parent` given) the
+  // parent's backend is live (not offloaded or failed).
+  static uint32_t native_grow_types(const Impl* parent, const BackendSpec& spec);
+  // Makes this grown comm's backends, collectively with every participant:
+  // those of the `native` types by the parent's Backend::grow on a member,
+  // by the plugin's join_grown on a newcomer (`parent` null), unless the
+  // plugin declines everywhere; the others, and the declined, by create().
+  // Then connects the bound one as create_backends() does.
+  void grow_backends(Impl* parent, int members, uint32_t native);
+
  private:
   plugin::BackendInit init_for(DeviceType t) const;
   std::string store_prefix(DeviceType t) const;
@@ -266,8 +284,10 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   // Which ranks came to, and how far they got in, connecting backend `t`.
   internal::InitProgress init_progress(DeviceType t) const;
   void flush_barrier(DeviceType t);
-  // Steps of create_backends and split.
+  // Steps of create_backends, grow_backends and split.
+  void place_backend(DeviceType t, const Hints& routed);  // plugin, hints, device
   void create_backend(DeviceType t, const Hints& routed);
+  void connect_bound_backend();
   void check_split_members(const std::vector<int>& members, const std::string& name, int* child_rank) const;
   BackendSpec split_spec(const SplitOptions& opts, const std::string& name) const;
   Config child_config(const std::vector<int>& members, int child_rank, const BackendSpec& spec,

@@ -41,6 +41,8 @@ std::string Comm::Impl::describe() const {
     // resumes it; "destroy": a reload re-creates it). Absent otherwise, so
     // that describe() reads the same before and after a cycle.
     if (s.state.load() == BackendState::kOffloaded && s.offload_mode) b["offload"] = s.offload_mode;
+    // A grown comm's: "native" (grown by its plugin) or "recreate".
+    if (s.grown) b["grow"] = s.grown;
     b["hints"] = json::object();
     for (const auto& [k, v] : s.hints) b["hints"][k] = v;
     b["config"] = nullptr;

@@ -12,6 +12,11 @@
 // and, per admit call, under "<comm namespace>/elastic/admit/c<call>":
 //   decision             the leader's: "h<handled>[ t<ticket>,...]", or
 //                        "fail" from a member that found the leader lost
+//   a<attempt>/native/<type>, a<attempt>/voted/<rank>, a<attempt>/way
+//                        which device types every participant builds
+//                        natively (plugin ABI 2.7): one counter per type,
+//                        then the record "native:<types>" or the lost
+//                        participants
 //   a<attempt>/present/<rank>, a<attempt>/failed, a<attempt>/commit
 //                        the grown comm's confirmation, as shrink's
 // Every record is written once with compare_set: one answer everywhere.
@@ -95,16 +100,49 @@ std::string await_decision(const Admission& ad) {
   });
 }
 
+constexpr std::string_view kNative = "native:";
+
+// Which device types every participant of an attempt builds natively (a
+// native grow is collective: all participants or none). Each adds itself to
+// the counter of every type it can grow natively (`mine`), then marks
+// itself voted; once all voted, a type is native when its counter is the
+// size. Returns the record, the same everywhere: "native:<types>", or the
+// participants lost before voting (encode_ranks).
+std::string agree_on_native(const Admission& ad, const std::string& dir, int size, int rank, uint32_t mine,
+                            const std::function<std::string(int)>& token_key) {
+  Store& store = *ad.store;
+  for (int i = 0; i < kNumDeviceTypes; ++i) {
+    if (mine & (1u << i)) store.add(str::cat(dir, "/native/", i), 1);
+  }
+  store.set(str::cat(dir, "/voted/", rank), "1");
+  Waiting wait{Liveness(store, token_key, ad.liveness), Clock::now() + ad.timeout};
+  std::set<int> voted;
+  return await_record(store, dir + "/way", [&]() -> std::optional<std::string> {
+    const auto missing = internal::missing_ranks(store, dir + "/voted", size, {}, voted);
+    if (missing.empty()) {
+      uint32_t all = 0;
+      for (int i = 0; i < kNumDeviceTypes; ++i) {
+        if (store.add(str::cat(dir, "/native/", i), 0) == size) all |= 1u << i;
+      }
+      return str::cat(kNative, all);
+    }
+    if (wait.give_up_on(missing)) return internal::encode_ranks(missing);
+    return std::nullopt;
+  });
+}
+
 // Builds the grown comm with the participants of `taken`, confirms it
 // through the store, and retries without newcomers that were lost. Returns
 // the grown comm, or null when no newcomer is left (on a member). `build`
-// makes this participant's comm: (size, rank, namespace suffix). `fail`
-// makes this participant's error.
-using Build = std::function<std::shared_ptr<Comm::Impl>(int size, int rank, const std::string& ns_suffix)>;
+// makes this participant's comm: (size, rank, namespace suffix, the device
+// types to grow natively); `native` says which types this participant can.
+// `fail` makes this participant's error.
+using Build = std::function<std::shared_ptr<Comm::Impl>(int size, int rank, const std::string& ns_suffix,
+                                                        uint32_t native)>;
 using Fail = std::function<Error(ErrorCode code, const std::string& what)>;
 
 std::shared_ptr<Comm> build_and_confirm(const Admission& ad, std::vector<int64_t> taken, int member_rank,
-                                        int64_t ticket, const Build& build, const Fail& fail) {
+                                        int64_t ticket, uint32_t native, const Build& build, const Fail& fail) {
   Store& store = *ad.store;
   for (int attempt = 0; !taken.empty(); ++attempt) {
     const int size = ad.members + static_cast<int>(taken.size());
@@ -117,29 +155,34 @@ std::shared_ptr<Comm> build_and_confirm(const Admission& ad, std::vector<int64_t
       rank = ad.members + static_cast<int>(mine - taken.begin());
     }
     const std::string dir = str::cat(ad.dir, "/a", attempt);
-    std::shared_ptr<Comm::Impl> child;
-    std::string failure;
-    try {
-      child = build(size, rank, str::cat("/elastic/grow-e", ad.epoch, "-c", ad.call, "-a", attempt));
-    } catch (const Error& e) {
-      failure = e.what();
-    }
-    // "failed" goes first: once every participant is present, it is final.
-    if (!child) store.compare_set(dir + "/failed", "", str::cat("rank ", rank, ": ", failure));
-    store.set(str::cat(dir, "/present/", rank), "1");
     const auto token_key = [&, taken](int r) {
       return r < ad.members ? internal::process_key(ad.parent_ns, r) : ticket_key(ad.queue, taken[r - ad.members]);
     };
-    // A participant may still be connecting (up to the init timeout) while
-    // a lost one holds everyone's connect back.
-    Waiting wait{Liveness(store, token_key, ad.liveness), Clock::now() + ad.timeout + ad.init_timeout};
-    std::set<int> present;
-    const std::string commit = await_record(store, dir + "/commit", [&]() -> std::optional<std::string> {
-      const auto missing = internal::missing_ranks(store, dir + "/present", size, {}, present);
-      if (missing.empty()) return store.check({dir + "/failed"}) ? "failed" : "ok";
-      if (wait.give_up_on(missing)) return internal::encode_ranks(missing);
-      return std::nullopt;
-    });
+    // Lost before voting: handled below as lost before confirming.
+    std::string commit = agree_on_native(ad, dir, size, rank, native, token_key);
+    std::shared_ptr<Comm::Impl> child;
+    if (commit.starts_with(kNative)) {
+      const auto types = static_cast<uint32_t>(std::stoul(commit.substr(kNative.size())));
+      std::string failure;
+      try {
+        child = build(size, rank, str::cat("/elastic/grow-e", ad.epoch, "-c", ad.call, "-a", attempt), types);
+      } catch (const Error& e) {
+        failure = e.what();
+      }
+      // "failed" goes first: once every participant is present, it is final.
+      if (!child) store.compare_set(dir + "/failed", "", str::cat("rank ", rank, ": ", failure));
+      store.set(str::cat(dir, "/present/", rank), "1");
+      // A participant may still be connecting (up to the init timeout) while
+      // a lost one holds everyone's connect back.
+      Waiting wait{Liveness(store, token_key, ad.liveness), Clock::now() + ad.timeout + ad.init_timeout};
+      std::set<int> present;
+      commit = await_record(store, dir + "/commit", [&]() -> std::optional<std::string> {
+        const auto missing = internal::missing_ranks(store, dir + "/present", size, {}, present);
+        if (missing.empty()) return store.check({dir + "/failed"}) ? "failed" : "ok";
+        if (wait.give_up_on(missing)) return internal::encode_ranks(missing);
+        return std::nullopt;
+      });
+    }
     if (commit == "ok") {
       if (child) return std::make_shared<Comm>(child);
       throw fail(ErrorCode::kInternal, "admit: confirmed a grown comm this participant did not build");
@@ -267,11 +310,12 @@ std::shared_ptr<Comm> admit_unguarded(const std::shared_ptr<Comm>& comm, const A
   const Decision d = decode(record);
   impl.elastic().tickets_handled = d.handled;
   if (d.taken.empty()) return comm;
-  const Build build = [&](int size, int rank, const std::string& suffix) {
+  const Build build = [&](int size, int rank, const std::string& suffix, uint32_t native) {
     return Comm::Impl::make_derived(impl.derived_config(size, rank, ad.epoch, suffix, ""), d.handled,
-                                    [](Comm::Impl& child) { child.create_backends(); });
+                                    [&](Comm::Impl& child) { child.grow_backends(&impl, ad.members, native); });
   };
-  auto grown = build_and_confirm(ad, d.taken, impl.config().rank, -1, build, fail);
+  const uint32_t native = Comm::Impl::native_grow_types(&impl, impl.config().spec);
+  auto grown = build_and_confirm(ad, d.taken, impl.config().rank, -1, native, build, fail);
   return grown ? grown : comm;
 }
 
@@ -341,7 +385,7 @@ std::shared_ptr<Comm> join_once(const std::shared_ptr<Store>& store, const std::
     throw fail(ErrorCode::kPeerFailure, "join: the members lost their rank 0 before admitting this newcomer");
   }
   const Decision d = decode(record);
-  const Build build = [&](int size, int rank, const std::string& suffix) {
+  const Build build = [&](int size, int rank, const std::string& suffix, uint32_t native) {
     Comm::Impl::Config c = offered;
     c.rank = rank;
     c.size = size;
@@ -351,9 +395,11 @@ std::shared_ptr<Comm> join_once(const std::shared_ptr<Store>& store, const std::
     c.local_rank = placement.local_rank;
     c.local_size = placement.local_size;
     c.rendezvous_ns = ad.parent_ns + suffix;
-    return Comm::Impl::make_derived(c, d.handled, [](Comm::Impl& child) { child.create_backends(); });
+    return Comm::Impl::make_derived(c, d.handled,
+                                    [&](Comm::Impl& child) { child.grow_backends(nullptr, ad.members, native); });
   };
-  auto grown = build_and_confirm(ad, d.taken, -1, *ticket, build, fail);
+  const uint32_t native = Comm::Impl::native_grow_types(nullptr, offered.spec);
+  auto grown = build_and_confirm(ad, d.taken, -1, *ticket, native, build, fail);
   if (!grown) throw fail(ErrorCode::kPeerFailure, "join: the members dropped this newcomer from the admission");
   return grown;
 }
@@ -383,6 +429,74 @@ std::shared_ptr<Comm> join_unguarded(const std::string& name, const JoinOptions&
 }
 
 }  // namespace
+
+uint32_t Comm::Impl::native_grow_types(const Impl* parent, const BackendSpec& spec) {
+  uint32_t types = 0;
+  for (int i = 0; i < kNumDeviceTypes; ++i) {
+    const auto t = static_cast<DeviceType>(i);
+    if (!spec.has(t)) continue;
+    const internal::LoadedPlugin* plugin = nullptr;
+    if (parent) {
+      const DeviceBackend& s = parent->device_backend(t);
+      const BackendState state = s.state.load();
+      if (!s.backend || (state != BackendState::kReady && state != BackendState::kLazy)) continue;
+      plugin = s.plugin;
+    } else {
+      try {
+        plugin = &internal::PluginRegistry::instance().get(spec.backend_for(t));
+      } catch (const Error&) {
+        continue;  // creating it fails later, saying why
+      }
+    }
+    if (plugin && plugin::abi_minor(plugin->descriptor->abi_version) >= 7 && plugin->descriptor->join_grown) {
+      types |= 1u << i;
+    }
+  }
+  return types;
+}
+
+void Comm::Impl::grow_backends(Impl* parent, int members, uint32_t native) {
+  const char* op = parent ? "admit" : "join";
+  auto routed = internal::route_hints(config_.hints, config_.spec, config_.name);
+  for (int i = 0; i < kNumDeviceTypes; ++i) {
+    const auto t = static_cast<DeviceType>(i);
+    if (!config_.spec.has(t)) continue;
+    DeviceBackend& s = device_backend(t);
+    if ((native & (1u << i)) == 0) {
+      create_backend(t, routed[i]);
+      s.grown = "recreate";
+      continue;
+    }
+    place_backend(t, routed[i]);
+    if (parent) s.plugin = parent->device_backend(t).plugin;  // the one whose grow() runs
+    plugin::GrowDesc desc;
+    desc.members = members;
+    desc.child = init_for(t);
+    std::unique_ptr<plugin::Backend> made;
+    const char* function = parent ? "grow" : "join_grown";
+    const Status st = internal::call_plugin(
+        s.plugin->name, function,
+        [&] {
+          return parent ? parent->device_backend(t).backend->grow(desc, &made)
+                        : s.plugin->descriptor->join_grown(desc, &made);
+        },
+        made, "backend");
+    if (st.code == ErrorCode::kUnsupported) {  // declined on every participant: nothing was made
+      create_backend(t, routed[i]);
+      s.grown = "recreate";
+      continue;
+    }
+    if (!st.is_ok()) {
+      throw error(st.code, str::cat(op, ": growing the ", s.plugin->name, " backend for ", to_string(t), " (",
+                                    function, "): ", st.message),
+                  op);
+    }
+    s.backend = std::move(made);
+    s.state = BackendState::kReady;
+    s.grown = "native";
+  }
+  connect_bound_backend();
+}
 
 std::shared_ptr<Comm> join(const std::string& name, const JoinOptions& options) {
   int64_t ticket = -1;

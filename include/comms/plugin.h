@@ -12,9 +12,9 @@
 //   (a field, a virtual method, an enum value, a type below or in the headers
 //   this one includes). libcomms refuses every other major, naming both.
 // - Minor: additions only, at the end: a descriptor entry, a field of
-//   OpDesc/BackendInit/SplitDesc (libcomms creates those and passes them by
-//   reference; an older plugin reads the prefix it knows), or a virtual
-//   method of Backend/Work with a default body. libcomms accepts plugins of
+//   OpDesc/BackendInit/SplitDesc/GrowDesc (libcomms creates those and passes
+//   them by reference; an older plugin reads the prefix it knows), or a
+//   virtual method of Backend/Work with a default body. libcomms accepts plugins of
 //   its major with a minor up to its own; a newer minor is refused, naming
 //   both (the plugin may rely on fields this libcomms does not fill).
 // - Descriptor entries: libcomms reads an entry only when the plugin's
@@ -91,8 +91,10 @@
 // 2.5: PluginDescriptor::env_variables.
 // 2.6: one-sided windows (Backend::register_window, deregister_window,
 //      submit_window) and offload by suspend (Backend::suspend, resume).
+// 2.7: elastic growth (GrowDesc, Backend::grow, PluginDescriptor::join_grown;
+//      see the blocks marked ABI 2.7 below).
 #define COMMS_PLUGIN_ABI_MAJOR 2u
-#define COMMS_PLUGIN_ABI_MINOR 6u
+#define COMMS_PLUGIN_ABI_MINOR 7u
 #define COMMS_PLUGIN_ABI_VERSION ((COMMS_PLUGIN_ABI_MAJOR << 16) | COMMS_PLUGIN_ABI_MINOR)
 #define COMMS_PLUGIN_ENTRY_SYMBOL "comms_plugin_entry"
 // Put on comms_plugin_entry: plugins are built with hidden visibility.
@@ -241,6 +243,19 @@ struct SplitDesc {
   BackendInit child;
 };
 
+// ---- ABI 2.7 (elastic growth) ---------------------------------------------
+// A comm grows by newcomers (comms::admit on its members, comms::join on the
+// newcomers): the members keep their ranks [0, members), the newcomers take
+// [members, child.size), as NCCL's ncclCommGrow numbers them.
+struct GrowDesc {
+  int members = 0;   // the parent comm's size
+  // The grown backend's init: this participant's rank, the grown size, a
+  // fresh store namespace shared by every participant, the parent's hints
+  // and timeouts (a newcomer learnt them from the members).
+  BackendInit child;
+};
+// ---- end of ABI 2.7 ---------------------------------------------------------
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -357,6 +372,28 @@ class Backend {
   virtual Status suspend() { return {ErrorCode::kUnsupported, "no suspend"}; }
   virtual Status resume() { return {ErrorCode::kUnsupported, "no suspend"}; }
   // ---- end of ABI 2.6 ---------------------------------------------------------
+
+  // ---- ABI 2.7 (elastic growth) ---------------------------------------------
+  // A member's side of a native grow (NCCL's ncclCommGrow): builds the grown
+  // backend from this one, while each newcomer builds its own through
+  // PluginDescriptor::join_grown with its GrowDesc. Collective over every
+  // participant of the grown comm. libcomms calls grow/join_grown either on
+  // every participant or on none (they agree through the store first: each
+  // needs a plugin of ABI >= 2.7 with join_grown, and each member a live
+  // backend). A plugin that cannot grow natively after all (say, the NCCL
+  // loaded somewhere lacks ncclCommGrow) answers kUnsupported on every
+  // participant, having built nothing (it agrees through desc.child.store);
+  // libcomms then re-creates the backend through create() with desc.child
+  // everywhere, which every plugin supports. kUnsupported is the default,
+  // and leaves this backend as it was; another failure fails the admission
+  // everywhere and may leave this backend failed (NCCL aborts a parent whose
+  // grow failed part-way). Called only on plugins of ABI >= 2.7.
+  virtual Status grow(const GrowDesc& desc, std::unique_ptr<Backend>* child) {
+    (void)desc;
+    (void)child;
+    return Status(ErrorCode::kUnsupported, "no native grow");
+  }
+  // ---- end of ABI 2.7 ---------------------------------------------------------
 };
 
 constexpr uint32_t op_bit(OpType t) { return 1u << static_cast<unsigned>(t); }
@@ -428,6 +465,16 @@ struct PluginDescriptor {
   // absent (null): none. Read through comms/env.h.
   const EnvVariable* env_variables = nullptr;
   // ---- end of ABI 2.5 ----
+
+  // ---- ABI 2.7 (elastic growth) ----
+  // A newcomer's side of Backend::grow (it has no backend to grow from):
+  // builds its backend of the grown comm, desc.child.rank >= desc.members.
+  // The same contract as grow(): all participants native, or kUnsupported
+  // on every one of them (libcomms then calls create() with desc.child).
+  // Absent (null): this plugin never grows natively; a plugin that sets it
+  // overrides Backend::grow.
+  Status (*join_grown)(const GrowDesc& desc, std::unique_ptr<Backend>* out) = nullptr;
+  // ---- end of ABI 2.7 ----
 
   // Append new entries here.
 };

@@ -19,47 +19,10 @@
 #include "comms/error.h"
 #include "comms/store.h"
 #include "memory_store_for_tests.h"
+#include "nccl_fake_records.h"
 #include "nccl_api.h"
 
 namespace comms::nccl::testing {
-
-// A copy of the config the plugin passed (NcclConfig, ncclConfig_t's
-// layout) whose strings outlive the call.
-struct CapturedConfig {
-  NcclConfig config;
-  std::string net_name;
-  std::string comm_name;
-  bool has_net_name = false;
-  bool has_comm_name = false;
-};
-
-struct NcclCall {
-  std::string name;
-  const void* in = nullptr;
-  const void* out = nullptr;
-  size_t count = 0;
-  ncclDataType_t dtype = ncclInt8;
-  ncclRedOp_t op = ncclSum;
-  int root_or_peer = -1;
-  cudaStream_t stream = nullptr;
-  bool captured = false;  // recorded into a graph instead of running
-  ncclComm_t comm = nullptr;  // the communicator (NCCL ops, shrink, revoke, abort, destroy)
-  // One-sided ops: the window, the byte offset into the peer's, and what
-  // ncclWaitSignal was asked to wait for.
-  ncclWindow_t window = nullptr;
-  size_t offset = 0;
-  std::vector<WaitSignalDesc> waits{};
-};
-
-// What a fake CUDA graph holds, in capture order: NCCL calls, event records
-// and memsets, each replayed by graph_launch.
-struct GraphNode {
-  NcclCall call;  // name "event_record" / "memset" for those nodes
-  cudaEvent_t event = nullptr;
-  void* ptr = nullptr;
-  int value = 0;
-  size_t bytes = 0;
-};
 
 class FakeNcclApi final : public NcclApi {
  public:
@@ -99,9 +62,12 @@ class FakeNcclApi final : public NcclApi {
   uint64_t suspendable_bytes = 96 << 20;
   uint64_t persistent_bytes = 4 << 20;
   ncclResult_t window_register_result = ncclSuccess;
+  // ncclCommGrow's answer (from 2.29; see has_grow).
+  ncclResult_t grow_result = ncclSuccess;
 
   // A release: 2.28 (ncclAlltoAll/Gather/Scatter, revoke), 2.29 (+ suspend,
-  // MemStats, ncclPutSignal/Signal/WaitSignal), 2.30 (+ result 8 = ncclTimeout).
+  // MemStats, ncclPutSignal/Signal/WaitSignal, ncclCommGetUniqueId/Grow),
+  // 2.30 (+ result 8 = ncclTimeout).
   void set_version(int v) {
     std::lock_guard l(mu_);
     version = v;
@@ -120,14 +86,11 @@ class FakeNcclApi final : public NcclApi {
   std::vector<CapturedConfig> init_configs;
   std::vector<CapturedConfig> split_configs;
   std::vector<std::pair<int, int>> split_color_key;
-  struct ShrinkCall {
-    ncclComm_t parent = nullptr;
-    std::vector<int> exclude;
-    int flags = -1;
-    CapturedConfig config;
-    ncclComm_t child = nullptr;
-  };
+  using ShrinkCall = testing::ShrinkCall;
   std::vector<ShrinkCall> shrinks;
+  using GrowCall = testing::GrowCall;
+  std::vector<GrowCall> grows;
+  std::vector<ncclComm_t> grow_ids_from;  // ncclCommGetUniqueId's communicators
   std::vector<ncclComm_t> revoked_comms, aborted_comms, destroyed_comms, created_comms;
   std::set<ncclComm_t> suspended;  // communicators suspended now
   int comm_inits = 0;              // ncclCommInitRankConfig calls: one per rendezvous
@@ -172,7 +135,7 @@ class FakeNcclApi final : public NcclApi {
                                      NcclConfig* config) override {
     std::lock_guard l(mu_);
     ++comm_inits;
-    init_configs.push_back(capture(*config));
+    init_configs.push_back(capture_config(*config));
     *comm = next_comm();
     created_comms.push_back(*comm);
     pending_ = in_progress_polls;
@@ -182,7 +145,7 @@ class FakeNcclApi final : public NcclApi {
   ncclResult_t comm_split(ncclComm_t, int color, int key, ncclComm_t* child,
                           NcclConfig* config) override {
     std::lock_guard l(mu_);
-    split_configs.push_back(capture(*config));
+    split_configs.push_back(capture_config(*config));
     split_color_key.emplace_back(color, key);
     // As NCCL 2.28.3 does on a non-blocking parent: success at once, the
     // parent in progress, and the child handle written only once the parent
@@ -352,7 +315,7 @@ class FakeNcclApi final : public NcclApi {
     c.parent = comm;
     c.exclude.assign(exclude, exclude + n);
     c.flags = flags;
-    c.config = capture(*config);
+    c.config = capture_config(*config);
     record("comm_shrink", comm);
     if (shrink_result != ncclSuccess) {
       shrinks.push_back(c);
@@ -371,6 +334,40 @@ class FakeNcclApi final : public NcclApi {
     record("comm_revoke", comm);
     pending_ = in_progress_polls;
     return ncclSuccess;
+  }
+
+  // ncclCommGetUniqueId gives 128 bytes of 0x6b; ncclCommGrow writes the
+  // child at once and leaves it (and a member's parent) in progress for
+  // in_progress_polls polls.
+  bool has_grow() override { return at_least(kGrowVersion); }
+  ncclResult_t comm_get_unique_id(ncclComm_t comm, ncclUniqueId* id) override {
+    std::lock_guard l(mu_);
+    if (version < kGrowVersion) return ncclInvalidUsage;
+    record("comm_get_unique_id", comm);
+    grow_ids_from.push_back(comm);
+    std::memset(id->internal, 0x6b, sizeof id->internal);
+    return ncclSuccess;
+  }
+  ncclResult_t comm_grow(ncclComm_t comm, int nranks, const ncclUniqueId* id, int rank, ncclComm_t* child,
+                         NcclConfig* config) override {
+    std::lock_guard l(mu_);
+    if (version < kGrowVersion) return ncclInvalidUsage;
+    GrowCall c;
+    c.parent = comm;
+    c.nranks = nranks;
+    if (id) c.id.assign(id->internal, sizeof id->internal);
+    c.rank = rank;
+    c.config = capture_config(*config);
+    record("comm_grow", comm);
+    if (grow_result != ncclSuccess) {
+      grows.push_back(c);
+      return grow_result;
+    }
+    *child = c.child = next_comm();
+    created_comms.push_back(*child);
+    grows.push_back(c);
+    pending_ = in_progress_polls;
+    return comm ? ncclSuccess : ncclInProgress;
   }
 
   bool has_native_collectives() override { return at_least(kNativeCollectivesVersion); }
@@ -679,15 +676,6 @@ class FakeNcclApi final : public NcclApi {
   std::atomic<int> capture_queries{0};
 
  private:
-  static CapturedConfig capture(const NcclConfig& c) {
-    CapturedConfig out;
-    out.config = c;
-    if (c.netName) out.net_name = c.netName, out.has_net_name = true;
-    if (c.commName) out.comm_name = c.commName, out.has_comm_name = true;
-    out.config.netName = nullptr;
-    out.config.commName = nullptr;
-    return out;
-  }
   ncclComm_t next_comm() { return reinterpret_cast<ncclComm_t>(next_handle_++); }
   bool at_least(int v) {
     std::lock_guard l(mu_);

@@ -75,16 +75,19 @@ class NcclVersionsTest : public ::testing::Test {
 TEST_F(NcclVersionsTest, TheFakeExposesEachReleasesEntryPoints) {
   struct Row {
     int version;
-    bool native, suspend, one_sided, revoke;
+    bool native, suspend, one_sided, revoke, grow;
   };
-  for (const Row& r : {Row{22703, false, false, false, false}, Row{k228, true, false, false, true},
-                       Row{k229, true, true, true, true}, Row{k230, true, true, true, true}}) {
+  for (const Row& r : {Row{22703, false, false, false, false, false}, Row{k228, true, false, false, true, false},
+                       Row{k229, true, true, true, true, true}, Row{k230, true, true, true, true, true}}) {
     api->set_version(r.version);
     EXPECT_EQ(api->loaded_version(), r.version);
     EXPECT_EQ(api->has_native_collectives(), r.native) << r.version;
     EXPECT_EQ(api->has_suspend(), r.suspend) << r.version;
     EXPECT_EQ(api->has_one_sided(), r.one_sided) << r.version;
     EXPECT_EQ(api->has_revoke(), r.revoke) << r.version;
+    EXPECT_EQ(api->has_grow(), r.grow) << r.version;
+    ncclUniqueId id;
+    EXPECT_EQ(api->comm_get_unique_id(nullptr, &id) == ncclSuccess, r.grow) << r.version;
     uint64_t value = 0;
     EXPECT_EQ(api->comm_mem_stats(nullptr, MemStat::kTotal, &value) == ncclSuccess, r.suspend) << r.version;
   }

@@ -31,6 +31,10 @@
 //   before any of them, and how many abort() and revoke() calls (ABI 2.4)
 //   they got. TEST_PLUGIN_ABI_WORD sets the declared abi_version (an older
 //   minor's vtable still has every slot: libcomms must not call past it).
+//   Grows natively (ABI 2.7: Backend::grow, join_grown) unless grow=unsupported
+//   (both answer kUnsupported) or grow=fail (both fail); describe() says
+//   which function made the backend ("made_by": create, split, grow or
+//   join_grown) and, when grown, the parent's size ("members").
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -62,7 +66,7 @@ extern "C" int comms_test_absent_marker();
 namespace {
 
 const char* const kKeys[] = {"interface",   "min_ctas",      "fail_finalize", "late_timeout", "fault",
-                             "memory_used", "block_wait_ms", "refuse_reduction", "suspend", nullptr};
+                             "memory_used", "block_wait_ms", "refuse_reduction", "suspend", "grow", nullptr};
 
 constexpr int64_t kOthersBytes = 1 << 20;
 std::atomic<int64_t> g_device_bytes{0};
@@ -124,9 +128,18 @@ class LateTimeoutWork : public comms::plugin::Work {
   bool blocked_ = false;
 };
 
+// grow()'s and join_grown's answer as the `grow` hint asks; ok: build one.
+comms::Status grow_answer(const comms::plugin::GrowDesc& d) {
+  const std::string how = hint(d.child.hints, "grow");
+  if (how == "unsupported") return {comms::ErrorCode::kUnsupported, "fakegpu: told not to grow natively"};
+  if (how == "fail") return {comms::ErrorCode::kInternal, "injected failure: fakegpu could not grow"};
+  return {};
+}
+
 class FakeBackend : public comms::plugin::Backend {
  public:
-  explicit FakeBackend(const comms::plugin::BackendInit& init) : init_(init) {
+  explicit FakeBackend(const comms::plugin::BackendInit& init, const char* made_by = "create", int members = -1)
+      : init_(init), made_by_(made_by), members_(members) {
     const std::string bytes = hint(init_.hints, "memory_used");
     held_ = bytes.empty() ? 0 : std::stoll(bytes);
     g_device_bytes += held_;
@@ -155,8 +168,13 @@ class FakeBackend : public comms::plugin::Backend {
         fault_at(d.child.hints, "resplit") == "null") {
       return {};
     }
-    if (!d.ranks.empty()) *child = std::make_unique<FakeBackend>(d.child);
+    if (!d.ranks.empty()) *child = std::make_unique<FakeBackend>(d.child, "split");
     return {};
+  }
+  comms::Status grow(const comms::plugin::GrowDesc& d, std::unique_ptr<comms::plugin::Backend>* child) override {
+    comms::Status st = grow_answer(d);
+    if (st.is_ok()) *child = std::make_unique<FakeBackend>(d.child, "grow", d.members);
+    return st;
   }
   comms::Status set_hints(const comms::Hints&) override {
     fault_at(init_.hints, "set_hints");
@@ -202,7 +220,9 @@ class FakeBackend : public comms::plugin::Backend {
     std::string j = "{\"fake\":true,\"op_calls\":" + std::to_string(g_op_calls.load()) +
                     ",\"registered\":" + std::to_string(g_registered.load()) +
                     ",\"aborts\":" + std::to_string(g_aborts.load()) +
-                    ",\"revokes\":" + std::to_string(g_revokes.load()) + ",";
+                    ",\"revokes\":" + std::to_string(g_revokes.load()) + ",\"made_by\":\"" + made_by_ +
+                    "\",\"rank\":" + std::to_string(init_.rank) + ",\"size\":" + std::to_string(init_.size) + ",";
+    if (members_ >= 0) j += "\"members\":" + std::to_string(members_) + ",";
     if (!hint(init_.hints, "suspend").empty()) {
       j += "\"creates\":" + std::to_string(g_creates.load()) + ",\"suspends\":" + std::to_string(g_suspends.load()) +
            ",\"resumes\":" + std::to_string(g_resumes.load()) + ",";
@@ -241,6 +261,8 @@ class FakeBackend : public comms::plugin::Backend {
   }
 
   comms::plugin::BackendInit init_;
+  const char* made_by_;
+  int members_;
   int64_t held_ = 0;
   int64_t suspended_bytes_ = 0;
   std::set<void*> handles_;
@@ -251,6 +273,12 @@ comms::Status create(const comms::plugin::BackendInit& init, std::unique_ptr<com
   ++g_creates;
   *out = std::make_unique<FakeBackend>(init);
   return {};
+}
+
+comms::Status join_grown(const comms::plugin::GrowDesc& d, std::unique_ptr<comms::plugin::Backend>* out) {
+  comms::Status st = grow_answer(d);
+  if (st.is_ok()) *out = std::make_unique<FakeBackend>(d.child, "join_grown", d.members);
+  return st;
 }
 
 }  // namespace
@@ -265,6 +293,7 @@ extern "C" COMMS_PLUGIN_EXPORT const comms::plugin::PluginDescriptor* comms_plug
       .create = create,
       .device_count = no_devices,
       .features = comms::plugin::kFeatureRegisterBuffers,
+      .join_grown = join_grown,
   };
   return &d;
 }
