@@ -289,7 +289,7 @@ std::string UcxBackend::describe() const {
   if (planned_.load(std::memory_order_acquire)) {  // once connected: shared memory and direct copies are known
     j["paths"] = cpu_algorithms::paths_json<nlohmann::ordered_json>(
         [&](OpType type, size_t bytes) { return path_name(type, plan(type, bytes, shape_), shape_); }, init_.size,
-        {shape_.shm_max_bytes});
+        {shape_.shm_max_bytes, kFlatAcrossHostsMinBytes, kFlatAcrossHostsMaxBytes});
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }

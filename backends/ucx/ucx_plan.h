@@ -3,8 +3,9 @@
 //
 //   send, receive and batches: UCP tag send/recv;
 //   a one-rank comm: local copies;
-//   all_reduce on a comm over several hosts, some with more than one rank
-//     (hierarchical.h): inside each host, one exchange between hosts;
+//   all_reduce on a comm over several hosts, some with more than one rank,
+//     outside kFlatAcrossHosts{Min,Max}Bytes (hierarchical.h): inside each
+//     host, one exchange between hosts;
 //   barrier, and all_reduce, all_gather, reduce_scatter and broadcast whose
 //     data per rank fits the shared-memory path's limit and which the CPU
 //     algorithms would run as a direct exchange (or broadcast from the
@@ -36,6 +37,19 @@ using cpu_algorithms::Plan;
 // (docs/DESIGN.md, "UCX: small collectives through shared memory").
 inline constexpr size_t kShmMaxBytes = 16 * 1024;
 
+// An all_reduce over several hosts takes the hierarchical path
+// (hierarchical.h) except between these per-rank sizes, where the flat
+// algorithms run. Rule: there the flat pipelined ring, one pipeline over
+// every rank, beat the hierarchy's three phases in turn; below it the
+// hierarchy sends one message across hosts where the flat exchange sends
+// one per pair of ranks, above it half the bytes cross. Measured:
+// docs/PERFORMANCE.md, "Two hosts".
+inline constexpr size_t kFlatAcrossHostsMinBytes = 128 * 1024;
+inline constexpr size_t kFlatAcrossHostsMaxBytes = 256 * 1024;
+constexpr bool hierarchical_size(size_t bytes) {
+  return bytes != 0 && (bytes < kFlatAcrossHostsMinBytes || bytes > kFlatAcrossHostsMaxBytes);
+}
+
 // What a UCX comm's plan reads besides the op, fixed when it connects.
 struct UcxShape {
   int size = 1;
@@ -55,7 +69,7 @@ constexpr Plan plan(plugin::OpType type, size_t bytes, const UcxShape& comm) {
   using plugin::OpType;
   if (type == OpType::kSend || type == OpType::kRecv || type == OpType::kBatchP2P) return {Path::kPointToPoint};
   if (comm.size == 1) return {Path::kOneRank};
-  if (comm.hierarchical && type == OpType::kAllReduce && bytes != 0) return {Path::kHierarchical};
+  if (comm.hierarchical && type == OpType::kAllReduce && hierarchical_size(bytes)) return {Path::kHierarchical};
   const Algorithm a = cpu_algorithms::algorithm_for(type, bytes, comm.size, /*in_place=*/true);
   if (comm.shm_max_bytes != 0) {
     const size_t n = static_cast<size_t>(comm.size);
