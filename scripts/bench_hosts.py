@@ -11,7 +11,9 @@ Every row runs 2 hosts x --ranks-per-host ranks:
             address) running comms-bench, for each --backends entry;
   Open MPI  mpirun on host 0 with --host h0:N,h1:N and a launch agent (in
             place of ssh) that runs orted inside host 1's namespace, its
-            out-of-band and TCP traffic on the veth.
+            out-of-band and TCP traffic on the veth, yielding when idle as
+            it does on an oversubscribed host (its pml is ob1: the UCX pml
+            declines a machine with only TCP and shared memory).
 Medians of --runs alternating launches per side, as bench-mpi (whose code
 this reuses); ranks are not bound to cores on either side (the two hosts
 share this machine's cores). Writes OUT/sweep.json and OUT/sweep.md.
@@ -146,8 +148,13 @@ def comms_commands(args, hosts, backend, op, size, iters, port):
 def mpi_command(args, hosts, agent, op, size, iters):
     warm = max(2, iters // 10)
     n = args.ranks_per_host
+    # Yield when idle: mpirun counts each host's slots, not that the two
+    # hosts share this machine's cores, so it would leave its ranks spinning
+    # on cores the other host's ranks need (an 8 B all_reduce then takes
+    # tens of ms); Open MPI yields by itself where it sees oversubscription.
     return hosts.run_in(0) + [
-        "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(HOSTS * n), "--host",
+        "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
+        "-np", str(HOSTS * n), "--host",
         ",".join("%s:%d" % (a, n) for a in hosts.addresses), "--mca", "plm_rsh_agent", agent,
         "--mca", "oob_tcp_if_include", "eth0", "--mca", "btl_tcp_if_include", "eth0",
         os.path.join(args.build, "tools", "mpi-bench"), "--op", op, "--minbytes", str(size), "--maxbytes",
