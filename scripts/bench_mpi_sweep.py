@@ -13,10 +13,12 @@ OUT/sweep.md (the table), and prints the table.
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"]
 SIZE_IS_TOTAL = {"all_gather", "reduce_scatter"}  # nccl-tests' convention: the whole buffer
@@ -47,22 +49,49 @@ def iterations(size, most, budget):
     return max(10, min(most, budget // max(size, 1)))
 
 
-def run_json(cmd, timeout):
-    """Runs one bench launch writing --json to a temp file; returns its one row."""
+def run_json(cmds, timeout):
+    """Runs one bench launch writing --json to a temp file; returns its one row.
+    `cmds` is one command, or several started together (one per host, the
+    first of which writes the row). They share one process group in this
+    script's session, which a timeout or a failure kills whole. One session,
+    as mpirun's ranks and daemons share mpirun's: the kernel's autogroups
+    give each session its share of the cores, and ranks split over sessions
+    woke each other about 250 us late (8 B all_reduce over two simulated
+    hosts: 255 us against 37 in one session)."""
+    if cmds and isinstance(cmds[0], str):
+        cmds = [cmds]
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
+    procs = []
     try:
-        p = subprocess.run(cmd + ["--json", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=timeout, text=True)
-        if p.returncode != 0:
-            raise RuntimeError("%s failed (exit %d):\n%s" % (" ".join(cmd), p.returncode, p.stdout[-2000:]))
+        for cmd in cmds:
+            procs.append(subprocess.Popen(cmd + ["--json", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True, process_group=procs[0].pid if procs else 0))
+        deadline = time.monotonic() + timeout
+        outputs = []
+        for cmd, p in zip(cmds, procs):
+            try:
+                out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise RuntimeError("%s ran past %d s" % (" ".join(cmd), timeout))
+            outputs.append(out)
+            if p.returncode != 0:
+                raise RuntimeError("%s failed (exit %d):\n%s" % (" ".join(cmd), p.returncode, out[-2000:]))
+        text = "\n".join(o[-2000:] for o in outputs)
         rows = json.load(open(path))
         if not rows:
-            raise RuntimeError("%s wrote no row:\n%s" % (" ".join(cmd), p.stdout[-2000:]))
+            raise RuntimeError("%s wrote no row:\n%s" % (" ".join(cmds[0]), text))
         if rows[0].get("wrong", 0):
-            raise RuntimeError("%s: %d wrong results" % (" ".join(cmd), rows[0]["wrong"]))
+            raise RuntimeError("%s: %d wrong results" % (" ".join(cmds[0]), rows[0]["wrong"]))
         return rows[0]
     finally:
+        if procs and any(p.poll() is None for p in procs):
+            try:
+                os.killpg(procs[0].pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            p.wait()
         os.unlink(path)
 
 
@@ -90,48 +119,91 @@ def commands(args, op, ranks, size, iters):
     return {"comms": comms, "mpi": mpi}
 
 
-def measure(args, op, ranks, size):
-    iters = iterations(size, args.iters, args.budget_bytes)
-    cmds = commands(args, op, ranks, size, iters)
-    p50s = {"comms": [], "mpi": []}
+def alternate(cmds, runs, timeout):
+    """Launches each side's command `runs` times, alternating which side goes
+    first; returns each side's p50s and comms' algorithm."""
+    sides = list(cmds)
+    p50s = {side: [] for side in sides}
     algorithm = ""
-    for run in range(args.runs):
-        for side in (("comms", "mpi") if run % 2 == 0 else ("mpi", "comms")):
-            r = run_json(cmds[side], args.timeout + 30)
+    for run in range(runs):
+        for side in (sides if run % 2 == 0 else sides[::-1]):
+            r = run_json(cmds[side], timeout)
             p50s[side].append(r["p50_us"])
             if side == "comms":
                 algorithm = r.get("algorithm", "")
-    c, m = statistics.median(p50s["comms"]), statistics.median(p50s["mpi"])
+    return p50s, algorithm
+
+
+def row(op, ranks, size, iters, p50s, algorithm, peer="mpi"):
+    """One table row: each side's median p50 over runs and comms/peer."""
+    c, m = statistics.median(p50s["comms"]), statistics.median(p50s[peer])
     return {"op": op, "ranks": ranks, "bytes": 0 if op == "barrier" else size, "iters": iters,
-            "comms_p50_us": c, "mpi_p50_us": m, "ratio": c / m if m > 0 else None,
-            "comms_runs_us": p50s["comms"], "mpi_runs_us": p50s["mpi"], "algorithm": algorithm}
+            "comms_p50_us": c, peer + "_p50_us": m, "ratio": c / m if m > 0 else None,
+            "comms_runs_us": p50s["comms"], peer + "_runs_us": p50s[peer], "algorithm": algorithm}
 
 
-def table(rows):
-    lines = ["| op | ranks | bytes | comms p50 µs | Open MPI p50 µs | comms/MPI | comms runs (min-max) | "
-             "MPI runs (min-max) | algorithm |", "|---|---|---|---|---|---|---|---|---|"]
+def measure(args, op, ranks, size):
+    iters = iterations(size, args.iters, args.budget_bytes)
+    p50s, algorithm = alternate(commands(args, op, ranks, size, iters), args.runs, args.timeout + 30)
+    return row(op, ranks, size, iters, p50s, algorithm)
+
+
+def table(rows, peer="mpi", peer_name="Open MPI"):
+    lines = ["| op | ranks | bytes | comms p50 µs | %s p50 µs | comms/peer | comms runs (min-max) | "
+             "peer runs (min-max) | algorithm |" % peer_name, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = "%.2f" % r["ratio"] if r["ratio"] is not None else "n/a"
         lines.append("| %s | %d | %d | %.2f | %.2f | %s%s | %.2f-%.2f | %.2f-%.2f | %s |" % (
-            r["op"], r["ranks"], r["bytes"], r["comms_p50_us"], r["mpi_p50_us"], ratio,
+            r["op"], r["ranks"], r["bytes"], r["comms_p50_us"], r[peer + "_p50_us"], ratio,
             " (over)" if r["ratio"] is not None and r["ratio"] > 1.0 else "", min(r["comms_runs_us"]),
-            max(r["comms_runs_us"]), min(r["mpi_runs_us"]), max(r["mpi_runs_us"]), r["algorithm"]))
+            max(r["comms_runs_us"]), min(r[peer + "_runs_us"]), max(r[peer + "_runs_us"]), r["algorithm"]))
     return "\n".join(lines) + "\n"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def sweep_sizes(op, ranks, sizes):
+    """The row sizes of one op: each size rounded to whole units, once each
+    (barrier: one row of 0 bytes)."""
+    if op == "barrier":
+        return [0]
+    out = []
+    for size in sizes:
+        b = row_bytes(op, ranks, size)
+        if b not in out:
+            out.append(b)
+    return out
+
+
+def print_row(r, peer="mpi", peer_name="MPI"):
+    print("%-14s n=%d %10d B  comms %10.2f µs  %s %10.2f µs  ratio %s" % (
+        r["op"], r["ranks"], r["bytes"], r["comms_p50_us"], peer_name, r[peer + "_p50_us"],
+        "%.2f" % r["ratio"] if r["ratio"] is not None else "n/a"), flush=True)
+
+
+def add_common_args(ap):
+    """The arguments every comparison sweep takes."""
     ap.add_argument("--build", default=os.environ.get("COMMS_BUILD_DIR", "build"))
-    ap.add_argument("--out", help="output folder (default BUILD/bench-mpi)")
-    ap.add_argument("--backend", default=os.environ.get("COMMS_BACKEND") or "cpu:ucx")
     ap.add_argument("--runs", type=int, default=5, help="launches per side and row; medians over them")
-    ap.add_argument("--ops", default=",".join(OPS))
-    ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--sizes", help="comma-separated sizes (K, M suffixes); default 8 B, then 4^k 16 B..64 MiB")
     ap.add_argument("--iters", type=int, default=1000, help="timed iterations at the smallest sizes")
     ap.add_argument("--budget-bytes", type=int, default=1 << 28,
                     help="iterations = budget / size, between 10 and --iters")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per launch")
+
+
+def write_results(out, result, note, md):
+    os.makedirs(out, exist_ok=True)
+    json.dump(result, open(os.path.join(out, "sweep.json"), "w"), indent=1)
+    open(os.path.join(out, "sweep.md"), "w").write(note + md)
+    print("\n" + note + md + "wrote %s and %s" % (os.path.join(out, "sweep.json"), os.path.join(out, "sweep.md")))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap)
+    ap.add_argument("--out", help="output folder (default BUILD/bench-mpi)")
+    ap.add_argument("--backend", default=os.environ.get("COMMS_BACKEND") or "cpu:ucx")
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--no-bind", action="store_true",
                     help="do not bind comms' ranks to cores (mpirun binds them when they fit the cores)")
     args = ap.parse_args()
@@ -141,8 +213,6 @@ def main():
         if not os.access(os.path.join(args.build, "tools", tool), os.X_OK):
             sys.exit("bench-mpi: %s/tools/%s is missing (mpi-bench needs an MPI for C: tools/dev installs "
                      "libopenmpi-dev)" % (args.build, tool))
-    out = args.out or os.path.join(args.build, "bench-mpi")
-    os.makedirs(out, exist_ok=True)
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else default_sizes()
     load_before = os.getloadavg()
     rows = []
@@ -150,26 +220,15 @@ def main():
         for op in args.ops.split(","):
             if op not in OPS:
                 ap.error("unknown op '%s' (ops: %s)" % (op, ", ".join(OPS)))
-            seen = set()
-            for size in ([0] if op == "barrier" else sizes):
-                b = 0 if op == "barrier" else row_bytes(op, ranks, size)
-                if b in seen:
-                    continue
-                seen.add(b)
+            for b in sweep_sizes(op, ranks, sizes):
                 rows.append(measure(args, op, ranks, b))
-                r = rows[-1]
-                print("%-14s n=%d %10d B  comms %10.2f µs  MPI %10.2f µs  ratio %s" % (
-                    op, ranks, r["bytes"], r["comms_p50_us"], r["mpi_p50_us"],
-                    "%.2f" % r["ratio"] if r["ratio"] is not None else "n/a"), flush=True)
+                print_row(rows[-1])
     result = {"backend": args.backend, "runs": args.runs, "bound": not args.no_bind, "loadavg_before": load_before,
               "loadavg_after": os.getloadavg(), "rows": rows}
-    json.dump(result, open(os.path.join(out, "sweep.json"), "w"), indent=1)
-    md = table(rows)
     note = ("backend %s, median of %d alternating runs per side, comms' ranks %s; load average %.2f before, "
             "%.2f after\n\n") % (args.backend, args.runs, "not bound" if args.no_bind else "bound as mpirun's",
                                    load_before[0], result["loadavg_after"][0])
-    open(os.path.join(out, "sweep.md"), "w").write(note + md)
-    print("\n" + note + md + "wrote %s and %s" % (os.path.join(out, "sweep.json"), os.path.join(out, "sweep.md")))
+    write_results(args.out or os.path.join(args.build, "bench-mpi"), result, note, table(rows))
 
 
 if __name__ == "__main__":

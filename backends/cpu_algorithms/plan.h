@@ -24,6 +24,7 @@ enum class Path : uint8_t {
   kShm,           // UCX: the shared-memory collectives beside the transport
   kGlooNative,    // Gloo: its options-style collectives on the async mesh
   kPointToPoint,  // the backend's own send and receive
+  kHierarchical,  // UCX across hosts: inside each host, then between leaders (hierarchical.h)
 };
 
 struct Plan {

@@ -11,6 +11,7 @@
 #include "collectives.h"
 #include "host_shared_memory.h"
 #include "cpu_backend.h"
+#include "hierarchical.h"
 #include "path_table.h"
 #include "plan.h"
 #include "shm_collectives.h"
@@ -75,6 +76,7 @@ class UcxBackend final : public cpu_algorithms::CpuBackend {
   std::unique_ptr<cpu_algorithms::Collectives> collectives_;
   std::unique_ptr<cpu_algorithms::VectorCollectives> pairwise_;
   std::unique_ptr<ShmCollectives> shm_;  // small collectives when every rank is on this host
+  std::unique_ptr<cpu_algorithms::Hierarchical> hierarchical_;  // when the ranks span hosts
   std::unique_ptr<UcxWindows> windows_;  // connects at the first register_window
   UcxShape shape_;  // what plan() reads, fixed at init
   std::atomic<bool> planned_{false};  // shape_ is set: describe() prints the paths
@@ -110,7 +112,11 @@ Status UcxBackend::init() {
       shm_state_ = shm_ ? "on, up to " + std::to_string(kShmMaxBytes) + " bytes per rank"
                         : "off (a rank could not map the segment)";
     }
+    if (init_.size > 1 && cpu_algorithms::spans_hosts_with_neighbours(transport_->host_of())) {
+      hierarchical_ = std::make_unique<cpu_algorithms::Hierarchical>(*transport_, transport_->host_of());
+    }
     shape_.size = init_.size;
+    shape_.hierarchical = hierarchical_ != nullptr;
     shape_.shm_max_bytes = shm_ ? kShmMaxBytes : 0;
     shape_.copies_direct = init_.size > 1;
     for (int p = 0; p < init_.size; ++p) {
@@ -137,6 +143,11 @@ void UcxBackend::run(const plugin::OpDesc& op) {
       cpu_algorithms::run_collective(*collectives_, p.algorithm, op);
       break;
     case Path::kPairwise: cpu_algorithms::run_pairwise(*pairwise_, op); break;
+    case Path::kHierarchical:
+      hierarchical_->all_reduce(op.input, op.output, op.count, element_size(op.dtype),
+                                cpu_algorithms::reduction_of(op), op.timeout);
+      cpu_algorithms::finish_reduction(op, op.output, op.count, init_.size);
+      break;
     case Path::kPointToPoint: point_to_point(op); break;
     case Path::kOneRank: cpu_algorithms::run_on_one_rank(op); break;
     case Path::kGlooNative: throw std::logic_error("the UCX plan never chooses Gloo's collectives");
@@ -218,6 +229,7 @@ Status UcxBackend::release() {
     std::lock_guard<std::mutex> lock(registered_mu_);
     registered_.clear();
   }
+  hierarchical_.reset();
   collectives_.reset();
   pairwise_.reset();
   shm_.reset();
@@ -317,7 +329,7 @@ std::string UcxBackend::describe() const {
   if (planned_.load(std::memory_order_acquire)) {  // once connected: shared memory and direct copies are known
     j["paths"] = cpu_algorithms::paths_json<nlohmann::ordered_json>(
         [&](OpType type, size_t bytes) { return path_name(type, plan(type, bytes, shape_), shape_); }, init_.size,
-        {shape_.shm_max_bytes});
+        {shape_.shm_max_bytes, kFlatAcrossHostsMinBytes, kFlatAcrossHostsMaxBytes});
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }

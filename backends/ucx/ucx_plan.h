@@ -3,6 +3,9 @@
 //
 //   send, receive and batches: UCP tag send/recv;
 //   a one-rank comm: local copies;
+//   all_reduce on a comm over several hosts, some with more than one rank,
+//     outside kFlatAcrossHosts{Min,Max}Bytes (hierarchical.h): inside each
+//     host, one exchange between hosts;
 //   barrier, and all_reduce, all_gather, reduce_scatter and broadcast whose
 //     data per rank fits the shared-memory path's limit and which the CPU
 //     algorithms would run as a direct exchange (or broadcast from the
@@ -34,6 +37,19 @@ using cpu_algorithms::Plan;
 // (docs/DESIGN.md, "UCX: small collectives through shared memory").
 inline constexpr size_t kShmMaxBytes = 16 * 1024;
 
+// An all_reduce over several hosts takes the hierarchical path
+// (hierarchical.h) except between these per-rank sizes, where the flat
+// algorithms run. Rule: there the flat pipelined ring, one pipeline over
+// every rank, beat the hierarchy's three phases in turn; below it the
+// hierarchy sends one message across hosts where the flat exchange sends
+// one per pair of ranks, above it half the bytes cross. Measured:
+// docs/PERFORMANCE.md, "Two hosts".
+inline constexpr size_t kFlatAcrossHostsMinBytes = 128 * 1024;
+inline constexpr size_t kFlatAcrossHostsMaxBytes = 256 * 1024;
+constexpr bool hierarchical_size(size_t bytes) {
+  return bytes != 0 && (bytes < kFlatAcrossHostsMinBytes || bytes > kFlatAcrossHostsMaxBytes);
+}
+
 // What a UCX comm's plan reads besides the op, fixed when it connects.
 struct UcxShape {
   int size = 1;
@@ -43,6 +59,9 @@ struct UcxShape {
   // This rank copies directly with every peer (UcxTransport::copies_direct).
   // Names only: where it does not, kDirectCopies runs its fallback.
   bool copies_direct = false;
+  // The ranks span several hosts and some host has several
+  // (cpu_algorithms::spans_hosts_with_neighbours).
+  bool hierarchical = false;
 };
 
 // The path of an op of `bytes` per rank (cpu_algorithms::bytes_of).
@@ -50,6 +69,7 @@ constexpr Plan plan(plugin::OpType type, size_t bytes, const UcxShape& comm) {
   using plugin::OpType;
   if (type == OpType::kSend || type == OpType::kRecv || type == OpType::kBatchP2P) return {Path::kPointToPoint};
   if (comm.size == 1) return {Path::kOneRank};
+  if (comm.hierarchical && type == OpType::kAllReduce && hierarchical_size(bytes)) return {Path::kHierarchical};
   const Algorithm a = cpu_algorithms::algorithm_for(type, bytes, comm.size, /*in_place=*/true);
   if (comm.shm_max_bytes != 0) {
     const size_t n = static_cast<size_t>(comm.size);
@@ -68,6 +88,7 @@ constexpr std::string_view path_name(plugin::OpType type, Plan p, const UcxShape
     case Path::kPointToPoint: return "ucp tag send/recv";
     case Path::kOneRank: return "one-rank copy";
     case Path::kShm: return "shm";
+    case Path::kHierarchical: return "hierarchical: reduce in each host, all_reduce between hosts, broadcast";
     case Path::kCollectives:
       return cpu_algorithms::algorithm_name(
           type, comm.copies_direct ? p.algorithm : cpu_algorithms::fallback_of(type, p.algorithm));

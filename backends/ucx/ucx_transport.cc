@@ -226,11 +226,14 @@ void UcxTransport::connect(Store& store, std::chrono::milliseconds timeout) {
   store.set("ucx/addr/" + std::to_string(rank_), me + "\n" + std::to_string(::getpid()) + "\n" +
                                                      std::string(reinterpret_cast<const char*>(address), length));
   ucp_worker_release_address(worker_, address);
+  std::vector<std::string> identities(static_cast<size_t>(size_));
+  identities[static_cast<size_t>(rank_)] = me;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     const std::string value = store.get("ucx/addr/" + std::to_string(p), timeout);
     const size_t a = value.find('\n'), b = a == std::string::npos ? a : value.find('\n', a + 1);
     if (b == std::string::npos) throw std::runtime_error("rank " + std::to_string(p) + " published a malformed UCX address");
+    identities[static_cast<size_t>(p)] = value.substr(0, a);
     const bool same_host = value.compare(0, a, me) == 0;
     pids_[static_cast<size_t>(p)] = same_host ? std::stoi(value.substr(a + 1, b - a - 1)) : 0;
     slots_[static_cast<size_t>(p)] = {this, p};
@@ -245,6 +248,10 @@ void UcxTransport::connect(Store& store, std::chrono::milliseconds timeout) {
     ep.err_handler.cb = &UcxTransport::on_peer_error;
     ep.err_handler.arg = &slots_[static_cast<size_t>(p)];
     check(ucp_ep_create(worker_, &ep, &eps_[static_cast<size_t>(p)]), "ucp_ep_create");
+  }
+  hosts_.assign(static_cast<size_t>(size_), 0);
+  for (size_t p = 0; p < identities.size(); ++p) {
+    hosts_[p] = static_cast<int>(std::find(identities.begin(), identities.end(), identities[p]) - identities.begin());
   }
   handshake(Clock::now() + timeout);
   for (int p = 0; p < size_; ++p) {

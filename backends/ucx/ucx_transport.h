@@ -160,6 +160,9 @@ class UcxTransport final : public cpu_algorithms::Transport {
 
   // Every peer runs on this host (connect() found them so).
   bool all_peers_local() const;
+  // Per rank: its host, numbered by each host's lowest rank (the same
+  // table on every rank; the hierarchical collectives group by it).
+  const std::vector<int>& host_of() const { return hosts_; }
   // Throws kPeerFailure once peer's process has exited or its endpoint
   // failed (for waits outside UCX: the shared-memory collectives).
   void check_peer(int peer) {
@@ -247,6 +250,7 @@ class UcxTransport final : public cpu_algorithms::Transport {
   std::vector<int> pids_;       // per rank: its pid when on this host, else 0 (UCX watches it)
   std::vector<bool> dead_pid_;  // per rank: failed because its process exited
   std::vector<bool> direct_;    // per rank: copies_direct
+  std::vector<int> hosts_;      // per rank: host_of
   static constexpr size_t kDirectChunkBytes = 16 << 20;
   void copy_direct(bool write, int peer, void* local, uint64_t remote, size_t len, Clock::time_point deadline);
   Clock::time_point next_liveness_check_{};

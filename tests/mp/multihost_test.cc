@@ -5,7 +5,8 @@
 // run without failing it (the distance made by a delay line, since this
 // kernel has no sch_netem). Runs only as root with `ip netns`; skipped
 // otherwise. Every namespace and process is gone afterwards, also when a
-// case fails.
+// case fails. The conformance suite's reductions and gathers pass with two
+// ranks on each of two hosts, on every CPU backend built.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +19,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "netns.h"
@@ -143,6 +145,79 @@ TEST_F(MultiHost, ThreeHostsGiveTheSameFinalLossAsOneHostWithTheSameWorldSize) {
   const std::string output = finish(start_job(net, 3, args, env()));
   EXPECT_NE(output.find("trainer: 6 ranks"), std::string::npos) << output;
   EXPECT_EQ(final_loss(output), one_host) << output;
+}
+
+// argv run on node i as its own host: in a UTS namespace named after the
+// node as well, since comms' UCX tells hosts apart by boot id, host name and
+// PID namespace (the network namespace alone would leave the four ranks on
+// one host for it, talking through shared memory).
+std::vector<std::string> as_own_host(const Network& net, int i, std::vector<std::string> argv) {
+  argv.insert(argv.begin(), {"unshare", "--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\"", net.node(i)});
+  return argv;
+}
+
+// Waits (at most 10 s) until node i's eth0 runs: the kernel reports a
+// veth's carrier up to a second after `link set up`, and UCX leaves the
+// interfaces that do not run yet out of a worker's address (its peers on
+// other hosts then find it unreachable).
+bool eth0_running(const Network& net, int nodes) {
+  const auto deadline = Clock::now() + 10s;
+  for (int i = 0; i < nodes; ++i) {
+    while (net.in_node(i, {"ip", "link", "show", "eth0"}).output.find("state UP") == std::string::npos) {
+      if (Clock::now() > deadline) return false;
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  return true;
+}
+
+// `program` on 2 hosts x kRanksPerNode ranks, each host its own (as_own_host).
+std::vector<std::unique_ptr<Job>> start_on_own_hosts(const Network& net, const std::vector<std::string>& program,
+                                                     const std::map<std::string, std::string>& environment) {
+  std::vector<std::unique_ptr<Job>> jobs;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> argv = {COMMSRUN, "-n", std::to_string(kRanksPerNode), "--nnodes", "2", "--node-rank",
+                                     std::to_string(i), "--master-addr", Network::address(0, 0), "--master-port",
+                                     std::to_string(kStorePort), "--timeout", "100", "--"};
+    argv.insert(argv.end(), program.begin(), program.end());
+    jobs.push_back(std::make_unique<Job>(net.node(i), as_own_host(net, i, argv), environment));
+  }
+  return jobs;
+}
+
+// The ops whose paths know hosts (the UCX plan's hierarchical all_reduce)
+// and the gathers beside them, every dtype, reduction, placement and count
+// (the large one runs each phase's large-message algorithm).
+TEST_F(MultiHost, ConformanceReductionsAndGathersPassWithTwoRanksOnEachOfTwoHosts) {
+  if (find_tool("unshare").empty()) GTEST_SKIP() << "needs util-linux's unshare (a host name per node)";
+  std::vector<std::string> backends = {"cpu:gloo"};
+#if UCX_PLUGIN_BUILT
+  backends.push_back("cpu:ucx");
+#endif
+  Network net(2);
+  ASSERT_TRUE(eth0_running(net, 2)) << command({"ip", "-n", net.node(1), "link", "show"}).output;
+  for (const auto& backend : backends) {
+    SCOPED_TRACE(backend);
+    const auto e = env({{"COMMS_BACKEND", backend}});
+    auto jobs = start_on_own_hosts(
+        net, {CONFORMANCE, "--backend", backend, "--filter", "world/all_reduce/*,world/all_gather/*"}, e);
+    ASSERT_TRUE(wait_all(raw(jobs), Clock::now() + 110s)) << outputs(jobs);
+    for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(jobs[i]->exit_code(), 0) << outputs(jobs);
+    std::smatch m;
+    const std::string report = jobs[0]->output();
+    ASSERT_TRUE(std::regex_search(report, m, std::regex(R"((\d+) passed, (\d+) failed, \d+ skipped)"))) << report;
+    EXPECT_GT(std::stoi(m[1]), 100) << report;
+    EXPECT_EQ(m[2], "0") << report;
+#if UCX_PLUGIN_BUILT
+    if (backend != "cpu:ucx") continue;
+    // The same placement takes the hierarchical path (so the cases above ran it).
+    auto bench = start_on_own_hosts(net, {COMMS_BENCH, "-C", "all_reduce", "-b", "4K", "-e", "4K", "--iters", "3",
+                                          "--warmup", "1", "--check", "1", "--backend", backend}, e);
+    ASSERT_TRUE(wait_all(raw(bench), Clock::now() + 110s)) << outputs(bench);
+    for (size_t i = 0; i < bench.size(); ++i) EXPECT_EQ(bench[i]->exit_code(), 0) << outputs(bench);
+    EXPECT_NE(bench[0]->find("hierarchical"), nullptr) << outputs(bench);
+#endif
+  }
 }
 
 // An established TCP connection as `ss -tn` shows it.

@@ -169,5 +169,24 @@ TEST(PathTable, TwoRankPlansKeepTheBackendsPaths) {
   EXPECT_EQ(ucx.at("send").dump(), R"([{"max_bytes":null,"path":"ucp tag send/recv"}])");
 }
 
+// Across hosts all_reduce takes the hierarchy except in the flat band;
+// other ops keep their paths.
+TEST(PathTable, AllReduceOverSeveralHostsIsHierarchicalOutsideTheFlatBand) {
+  ucx_backend::UcxShape comm{4, 0, false};
+  comm.hierarchical = true;
+  const auto ucx = paths_json<nlohmann::json>(
+      [&](OpType type, size_t bytes) {
+        return ucx_backend::path_name(type, ucx_backend::plan(type, bytes, comm), comm);
+      },
+      4, {ucx_backend::kFlatAcrossHostsMinBytes, ucx_backend::kFlatAcrossHostsMaxBytes});
+  const std::string hierarchical = "hierarchical: reduce in each host, all_reduce between hosts, broadcast";
+  EXPECT_EQ(ucx.at("all_reduce").dump(),
+            R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":131071,"path":")" + hierarchical +
+                R"("},{"max_bytes":262144,"path":"sync pipelined ring"},{"max_bytes":null,"path":")" + hierarchical +
+                R"("}])");
+  EXPECT_EQ(ucx.at("all_gather").dump(),
+            R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":16384,"path":"sync exchange"},{"max_bytes":null,"path":"sync pipelined ring"}])");
+}
+
 }  // namespace
 }  // namespace comms::cpu_algorithms
