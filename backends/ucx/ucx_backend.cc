@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "collectives.h"
-#include "host_shared_memory.h"
 #include "cpu_backend.h"
 #include "hierarchical.h"
+#include "host_shared_memory.h"
 #include "path_table.h"
 #include "plan.h"
 #include "shm_collectives.h"
