@@ -400,9 +400,12 @@ class ElasticLoop:
             step += 1
         # A newcomer waiting now ends with the job (its step is past the
         # last) instead of waiting in join for its timeout (not one admitted
-        # there: the others have passed it).
+        # there: the others have passed it); one that comes later is told
+        # the job has finished.
         if args.grow_step == 0 and not admitted_at_the_end:
             self.admit_newcomers(args.steps + 1)
+        if self.comm.rank == 0:
+            comms.close_admissions(self.comm)
         self.comm.barrier()
         if self.comm.rank == 0:
             print("final_loss=%.9g world=%d" % (loss, self.comm.size), flush=True)
@@ -424,7 +427,13 @@ def join_and_train(args):
     joining_since = time.monotonic()
     # "world": the name comms.dist gives the world comm. An admission that
     # fails on the members' side makes join take a new ticket.
-    comm = comms.join("world")
+    try:
+        comm = comms.join("world")
+    except comms.Error as e:
+        if e.code != "aborted":
+            raise
+        print("trainer: the job finished before admitting this process: %s" % e, flush=True)
+        return 0
     joined = time.monotonic()
     loop = ElasticLoop(comm, -1, args, Model(args.model == "mlp"))
     step, first_collective = loop.share_state(0)

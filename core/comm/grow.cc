@@ -9,6 +9,8 @@
 //                        or "dropped" by a leader that found no process there
 //   handled              tickets taken or dropped so far (a fresh comm's
 //                        leader reads it once; derived comms inherit it)
+//   closed               set by close_admissions(): the job takes no one
+//                        any more
 // and, per admit call, under "<comm namespace>/elastic/admit/c<call>":
 //   decision             the leader's: "h<handled>[ t<ticket>,...]", or
 //                        "fail" from a member that found the leader lost
@@ -55,6 +57,9 @@ std::string queue_of(const std::string& name) {
 }
 std::string ticket_key(const std::string& queue, int64_t t) { return str::cat(queue, "/ticket/", t); }
 std::string offer_key(const std::string& queue, int64_t t) { return str::cat(ticket_key(queue, t), "/offer"); }
+std::string closed_key(const std::string& queue) { return queue + "/closed"; }
+// How often a waiting newcomer looks whether the job closed its admissions.
+constexpr milliseconds kClosedPoll{200};
 
 struct Decision {
   int64_t handled = 0;         // tickets below this are taken or dropped
@@ -327,6 +332,13 @@ std::shared_ptr<Comm> admit(const std::shared_ptr<Comm>& comm, const AdmitOption
                                  [&] { return admit_unguarded(comm, options); });
 }
 
+void close_admissions(const Comm& comm) {
+  const Comm::Impl& impl = internal::CommAccess::impl(comm);
+  internal::need_elastic(impl, "close_admissions");
+  internal::through_store(impl, "close_admissions",
+                          [&] { impl.config().store->set(closed_key(queue_of(impl.config().name)), "1"); });
+}
+
 namespace {
 
 Comm::Impl::Config offered_config(const json& offer, const std::shared_ptr<Store>& store) {
@@ -350,18 +362,30 @@ Comm::Impl::Config offered_config(const json& offer, const std::shared_ptr<Store
 std::shared_ptr<Comm> join_once(const std::shared_ptr<Store>& store, const std::string& name, milliseconds wait,
                                 milliseconds timeout, const Fail& fail, int64_t* ticket) {
   const std::string queue = queue_of(name);
+  const auto closed = [&] {
+    return fail(ErrorCode::kAborted, str::cat("join: '", name,
+                                              "' closed its admissions (close_admissions: the job has finished)"));
+  };
+  if (store->check({closed_key(queue)})) throw closed();
   *ticket = store->add(queue + "/tickets", 1) - 1;
   store->set(ticket_key(queue, *ticket), internal::process_token());
   std::string offer;
-  try {
-    offer = store->get(offer_key(queue, *ticket), wait);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kTimeout) throw;
-    offer = store->compare_set(offer_key(queue, *ticket), "", kWithdrawn);  // unless an offer just came
-    if (offer == kWithdrawn) {
-      throw fail(ErrorCode::kTimeout, str::cat("join: no member of '", name, "' admitted this process within ",
-                                               timeout.count(), " ms"));
+  const auto deadline = Clock::now() + wait;
+  while (offer.empty()) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    try {
+      offer = store->get(offer_key(queue, *ticket), std::clamp(left, milliseconds(1), kClosedPoll));
+      break;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kTimeout) throw;
     }
+    const bool is_closed = store->check({closed_key(queue)});
+    if (!is_closed && Clock::now() < deadline) continue;
+    offer = store->compare_set(offer_key(queue, *ticket), "", kWithdrawn);  // unless an offer just came
+    if (offer != kWithdrawn) break;
+    if (is_closed) throw closed();
+    throw fail(ErrorCode::kTimeout, str::cat("join: no member of '", name, "' admitted this process within ",
+                                             timeout.count(), " ms"));
   }
   if (offer == kDropped) {
     throw fail(ErrorCode::kPeerFailure, "join: the members dropped this ticket: this process recorded itself "

@@ -282,10 +282,11 @@ int ElasticLoop::train(int first, bool admitted) {
     }
   }
   // A newcomer waiting now ends with the job (its step is past the last)
-  // instead of waiting in join() for its timeout. One that comes later
-  // still waits: nothing tells it that the job is over.
+  // instead of waiting in join() for its timeout; one that comes later is
+  // told the job has finished (close_admissions).
   // (Not by a process admitted there: the others have passed it.)
   if (run_.grow_step == 0 && !(admitted && first > run_.steps)) admit_newcomers(run_.steps + 1);
+  if (comm_->rank() == 0) comms::close_admissions(*comm_);
   stop_.at("the final barrier and shutdown", run_.steps);
   comm_->barrier();
   if (comm_->rank() == 0) std::printf("final_loss=%.9g world=%d\n", loss, comm_->size());
@@ -309,7 +310,14 @@ int join_and_train(const ElasticRun& run, Model& model, StopWatcher& stop) {
   const auto joining_since = Clock::now();
   // An admission that fails on the members' side (a member lost during it)
   // makes join() take a new ticket: the survivors admit it after recovering.
-  std::shared_ptr<comms::Comm> comm = comms::join(kWorldName);
+  std::shared_ptr<comms::Comm> comm;
+  try {
+    comm = comms::join(kWorldName);
+  } catch (const comms::Error& e) {
+    if (e.code() != comms::ErrorCode::kAborted) throw;
+    std::printf("trainer: the job finished before admitting this process: %s\n", e.what());
+    return 0;
+  }
   const auto joined = Clock::now();
   ElasticLoop loop(std::move(comm), -1, run, model, stop);
   Clock::time_point first_collective;

@@ -151,7 +151,9 @@ struct AdmitOptions {
 // during it: they recover() and admit again at their next step; or the
 // others dropped this process as lost) is retried with a new ticket. Throws
 // Error(kTimeout) when none succeeded within the timeout (the last failure
-// is thrown when it came at the deadline).
+// is thrown when it came at the deadline), and Error(kAborted) within about
+// 200 ms once the job closed its admissions (close_admissions), unless the
+// members had already offered this process a place.
 COMMS_API std::shared_ptr<Comm> join(const std::string& name, const JoinOptions& options = {});
 
 // Admits the newcomers waiting to join `comm`'s name. Collective over the
@@ -167,5 +169,13 @@ COMMS_API std::shared_ptr<Comm> join(const std::string& name, const JoinOptions&
 // loss. `comm` stays usable either way; destroy it once the grown comm is
 // in use. Elastic comms only (kInvalidArgument otherwise).
 COMMS_API std::shared_ptr<Comm> admit(const std::shared_ptr<Comm>& comm, const AdmitOptions& options = {});
+
+// Ends admissions to `comm`'s name for good (a job past its last step): a
+// newcomer waiting in join(), and every later one, fails with
+// Error(kAborted) saying so, instead of waiting out its timeout for an
+// admit() that will not come (a replacement started just as the job ended).
+// Not collective: any member may call it; once is enough. Elastic comms only
+// (kInvalidArgument otherwise).
+COMMS_API void close_admissions(const Comm& comm);
 
 }  // namespace comms

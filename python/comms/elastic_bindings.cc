@@ -98,6 +98,12 @@ void bind_elastic(py::module_& m) {
   }, py::arg("comm"), py::kw_only(), py::arg("timeout") = py::none(), py::arg("liveness_timeout") = py::none(),
   "Collective over the members: the grown comm with the waiting newcomers, or `comm` itself when "
   "nobody waits (one store read per rank).");
+  m.def("close_admissions", [](const CommPtr& c) {
+    py::gil_scoped_release nogil;
+    comms::close_admissions(*c);
+  }, py::arg("comm"),
+  "Ends admissions for good (a job past its last step): waiting and later newcomers' join() raise "
+  "comms.Error with code 'aborted' instead of waiting out their timeout. Any member; not collective.");
 }
 
 }  // namespace comms_py

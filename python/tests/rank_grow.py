@@ -1,7 +1,8 @@
 """One process of test_grow.py under commsrun: the members make an elastic
 comm "world"; rank 0 starts this script again as a newcomer ("newcomer"),
 which calls comms.join("world"); the members call comms.admit at every step
-until the comm grew. Every rank of the grown comm prints one line."""
+until the comm grew. Every rank of the grown comm prints one line. Then
+rank 0 closes the admissions and a late newcomer's join raises "aborted"."""
 import os
 import subprocess
 import sys
@@ -44,6 +45,11 @@ def member():
     grown.barrier()
     if child is not None and child.wait(timeout=60) != 0:
         sys.exit(6)
+    if grown.rank == 0:
+        comms.close_admissions(grown)
+        late = subprocess.run([sys.executable, os.path.abspath(__file__), "late"], capture_output=True, text=True,
+                              timeout=60)
+        os.write(1, ("PYLATE exit %d %s\n" % (late.returncode, late.stdout.strip())).encode())
 
 
 def newcomer():
@@ -52,5 +58,15 @@ def newcomer():
     c.barrier()
 
 
+def late_newcomer():
+    start = time.monotonic()
+    try:
+        comms.join("world", timeout=60.0)
+    except comms.Error as e:
+        print("code %s in %s" % (e.code, "time" if time.monotonic() - start < 30 else "its timeout"))
+        return
+    print("admitted")
+
+
 if __name__ == "__main__":
-    newcomer() if sys.argv[1:] == ["newcomer"] else member()
+    {"newcomer": newcomer, "late": late_newcomer}.get(sys.argv[1] if sys.argv[1:] else "", member)()

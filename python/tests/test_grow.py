@@ -1,5 +1,5 @@
 """comms.join and comms.admit at 3 members + 1 newcomer on cpu:gloo, through
-commsrun (rank_grow.py)."""
+commsrun (rank_grow.py); then comms.close_admissions turns a late join away."""
 import os
 
 from conftest import HERE, PYTHON, job_env, run_job
@@ -15,3 +15,4 @@ def test_a_newcomer_joins_and_the_members_admit_it():
     for r in range(4):
         line = "PYGROWN rank %d name world@e1 epoch 1 size 4 sum 15 newcomer %d\n" % (r, 1 if r == 3 else 0)
         assert line in out, out[-4000:]
+    assert "PYLATE exit 0 code aborted in time\n" in out, out[-4000:]

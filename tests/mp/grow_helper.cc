@@ -24,6 +24,12 @@
 //                   admitting it: the admission fails with peer_failure on
 //                   every member, they recover() to 3 ranks and admit
 //                   again; join() took a new ticket meanwhile: 4 ranks.
+//   closed          rank 0 starts a newcomer and waits for its ticket; then
+//                   it closes the admissions: the waiting newcomer fails
+//                   with aborted, and one started afterwards too, taking
+//                   no ticket. Prints "CLOSED waiting <status> later
+//                   <status> tickets <n>" and each newcomer "NEWCOMER
+//                   <code> after <ms> ms".
 //   cycles N        N rounds of: a newcomer joins, the grown comm sums, a
 //                   planned shrink drops it again; prints the fds and
 //                   threads after the first round and after the last.
@@ -329,6 +335,28 @@ std::string code_of(const std::function<void()>& call) {
   return "ok";
 }
 
+int closed() {
+  auto comm = world_comm();
+  const BootstrapInfo boot = bootstrap_from_environment();
+  power_sum(*comm);
+  if (comm->rank() == 0) {
+    auto store = default_store(boot.rank, boot.world_size, 20s);
+    const pid_t waiting = start_newcomer("closed");
+    await_ticket(*store, 0);
+    close_admissions(*comm);
+    const int waiting_status = wait_child(waiting);
+    const int later_status = wait_child(start_newcomer("closed"));
+    std::printf("CLOSED waiting %d later %d tickets %lld\n", waiting_status, later_status,
+                static_cast<long long>(store->add("comms/elastic/join/world/tickets", 0)));
+    std::fflush(stdout);
+  }
+  comm->barrier();
+  // Closing changes nothing for the members: nobody is admitted.
+  if (admit(comm) != comm) return 11;
+  power_sum(*comm);
+  return 0;
+}
+
 int gap() {
   auto comm = world_comm();
   const BootstrapInfo boot = bootstrap_from_environment();
@@ -405,6 +433,16 @@ int cycles(int n) {
 int newcomer(const std::string& scenario) {
   JoinOptions options;
   options.timeout = 60s;
+  if (scenario == "closed") {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string code = code_of([&] { join("world", options); });
+    std::printf("NEWCOMER %s after %lld ms\n", code.c_str(),
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - start)
+                                           .count()));
+    std::fflush(stdout);
+    return code == "aborted" ? 0 : 12;
+  }
   auto comm = join("world", options);
   print_grown(*comm, true);
   // What the members do after the step that grew: finish it, two more.
@@ -442,6 +480,7 @@ int main(int argc, char** argv) {
     if (mode == "cycles") return cycles(arg);
     if (mode == "member-lost") return member_lost();
     if (mode == "gap") return gap();
+    if (mode == "closed") return closed();
     if (mode == "newcomer") return newcomer(argc > 2 ? argv[2] : "");
   } catch (const Error& e) {
     std::fprintf(stderr, "grow_helper %s: %s: %s\n", mode.c_str(), std::string(to_string(e.code())).c_str(),

@@ -181,6 +181,31 @@ TEST(Grow, ANewcomerStoppedDuringItsAdmissionIsDroppedAndTheMembersKeepWorkingAt
   expect_kept("stopped", {{"COMMS_INIT_TIMEOUT", "5s"}});
 }
 
+// A newcomer that comes as the job ends (a replacement for a rank lost
+// in the last step) learns that no admit will come, in well under its 60 s
+// join timeout; one that comes later takes no ticket at all.
+TEST(Grow, AfterCloseAdmissionsAWaitingNewcomerAndALaterOneFailWithAbortedAt4Ranks) {
+  for (const auto& backend : backends()) {
+    SCOPED_TRACE(backend);
+    auto p = helper(4, {"closed"}, env_for(backend));
+    EXPECT_EQ(p.exit_code(), 0) << p.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(p.output, m, std::regex(R"(CLOSED waiting (-?\d+) later (-?\d+) tickets (\d+))")))
+        << p.output;
+    EXPECT_EQ(m[1], "0") << "the waiting newcomer did not fail with aborted\n" << p.output;
+    EXPECT_EQ(m[2], "0") << "the later newcomer did not fail with aborted\n" << p.output;
+    EXPECT_EQ(m[3], "1") << "the later newcomer took a ticket\n" << p.output;
+    std::vector<long long> took;
+    const std::regex newcomer(R"(NEWCOMER aborted after (\d+) ms)");
+    for (auto it = std::sregex_iterator(p.output.begin(), p.output.end(), newcomer); it != std::sregex_iterator();
+         ++it) {
+      took.push_back(std::stoll((*it)[1]));
+    }
+    ASSERT_EQ(took.size(), 2u) << p.output;
+    for (long long ms : took) EXPECT_LT(ms, 30000) << "a newcomer waited out (half) its 60 s timeout\n" << p.output;
+  }
+}
+
 // A member that dies instead of admitting fails the admission on every
 // member; recover() shrinks as after any loss, and the newcomer, whose
 // join() takes a new ticket, is admitted into the shrunk comm.
