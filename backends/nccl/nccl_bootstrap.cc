@@ -100,13 +100,8 @@ Status Core::split_locked(int color, int key, const NcclConfigFields& child_fiel
   // success. So the parent is always polled, then the child once it exists.
   // A non-member gets no child.
   Status s = settle(comm_, r == ncclSuccess ? ncclInProgress : r, deadline, "ncclCommSplit");
-  if (s.is_ok() && out) s = settle(out, ncclInProgress, deadline, "ncclCommSplit (the new communicator)");
+  s = settle_child(s, out, deadline, timeout, "ncclCommSplit", "do all ranks of the parent call split?");
   if (!s.is_ok()) {
-    if (out) api_->comm_abort(out);
-    if (s.code == ErrorCode::kTimeout && Clock::now() >= deadline) {  // ours, not ncclTimeout
-      s.message = "ncclCommSplit did not finish within " + ms_text(timeout) +
-                  "; do all ranks of the parent call split?";
-    }
     fail_locked(s, nullptr);
     return s;
   }

@@ -49,6 +49,17 @@ Status Core::settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline,
   return {};
 }
 
+Status Core::settle_child(Status s, ncclComm_t child, Clock::time_point deadline, std::chrono::milliseconds timeout,
+                          const std::string& call, const std::string& every_rank_must, bool stop_on_revoke) {
+  if (s.is_ok() && child) s = settle(child, ncclInProgress, deadline, call + " (the new communicator)", stop_on_revoke);
+  if (s.is_ok()) return s;
+  if (child) api_->comm_abort(child);
+  if (s.code == ErrorCode::kTimeout && Clock::now() >= deadline) {
+    s.message = call + " did not finish within " + ms_text(timeout) + "; " + every_rank_must;
+  }
+  return s;
+}
+
 std::string Core::describe_locked() const {
   nlohmann::ordered_json j;
   j["backend"] = "nccl";

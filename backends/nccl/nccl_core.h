@@ -195,6 +195,12 @@ class Core {
   // revoked communicator itself, or its shrink).
   Status settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline, std::string_view what,
                 bool stop_on_revoke = true);
+  // The end of making a child of comm_ (split, shrink, grow) once the
+  // parent's part gave `s`: the child, if there is one (a split's
+  // non-member has none), is polled to success; on failure it is aborted,
+  // and a timeout of ours (not ncclTimeout) says what every rank must call.
+  Status settle_child(Status s, ncclComm_t child, Clock::time_point deadline, std::chrono::milliseconds timeout,
+                      const std::string& call, const std::string& every_rank_must, bool stop_on_revoke = true);
 
  private:
   Status exchange_unique_id(ncclUniqueId* id);

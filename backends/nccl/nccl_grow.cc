@@ -35,13 +35,8 @@ Status Core::grow_locked(int size, const ncclUniqueId* id, const NcclConfigField
   // to success, then the child (which may be written only then).
   Status s = settle(comm_, r == ncclSuccess ? ncclInProgress : r, deadline, "ncclCommGrow");
   if (s.is_ok() && !out) s = {ErrorCode::kInternal, "ncclCommGrow returned no communicator"};
-  if (s.is_ok()) s = settle(out, ncclInProgress, deadline, "ncclCommGrow (the new communicator)");
+  s = settle_child(s, out, deadline, timeout, "ncclCommGrow", "do every member and every newcomer grow?");
   if (!s.is_ok()) {
-    if (out) api_->comm_abort(out);
-    if (s.code == ErrorCode::kTimeout && Clock::now() >= deadline) {  // ours, not ncclTimeout
-      s.message = "ncclCommGrow did not finish within " + ms_text(timeout) +
-                  "; do every member and every newcomer grow?";
-    }
     // A grow that failed part-way may have consumed the id or left NCCL
     // waiting on the parent: it cannot be trusted any more.
     fail_locked(s, nullptr);

@@ -108,12 +108,8 @@ Status Core::shrink_locked(std::vector<int> exclude, const NcclConfigFields& chi
   // then the child (which may be written only then).
   Status s = accepted(r) ? quiesce("ncclCommShrink") : nccl_status(*api_, comm_, r, "ncclCommShrink");
   if (s.is_ok() && !out) s = {ErrorCode::kInternal, "ncclCommShrink returned no communicator"};
-  if (s.is_ok()) s = settle(out, ncclInProgress, deadline, "ncclCommShrink (the new communicator)", false);
+  s = settle_child(s, out, deadline, timeout, "ncclCommShrink", "do all surviving ranks shrink?", false);
   if (!s.is_ok()) {
-    if (out) api_->comm_abort(out);
-    if (s.code == ErrorCode::kTimeout && Clock::now() >= deadline) {  // ours, not ncclTimeout
-      s.message = "ncclCommShrink did not finish within " + ms_text(timeout) + "; do all surviving ranks shrink?";
-    }
     return give_up(s);
   }
   *child = out;
