@@ -19,11 +19,8 @@
 //               code <error code or none> world <sum> has_tp <0|1>", the
 //               members "WHY <message>".
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -32,12 +29,14 @@
 #include <vector>
 
 #include "comms/comms.h"
+#include "newcomer.h"
 #include "comms/dist.h"
 #include "comms/parallel.h"
 
-extern char** environ;
 
 using namespace comms;
+using comms::testing::start_newcomer;
+using comms::testing::wait_child;
 using namespace std::chrono_literals;
 
 namespace {
@@ -70,32 +69,6 @@ long long member_sum(Comm& comm) {
 std::string describe(const dist::Group& g) {
   if (!g) return "none";
   return "[" + join(g.global_ranks()) + "] " + std::to_string(member_sum(g.comm()));
-}
-
-std::string self_path() {
-  char buf[PATH_MAX] = {};
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-}
-
-pid_t start_newcomer(const std::string& scenario) {
-  const std::string self = self_path();
-  std::vector<std::string> args = {self, "newcomer", scenario};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-    std::fprintf(stderr, "cannot start a newcomer\n");
-    std::exit(5);
-  }
-  return pid;
-}
-
-int wait_child(pid_t pid) {
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 // Tickets 0..n-1 of the world's join queue are taken and their processes

@@ -15,11 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "rank_lines.h"
 #include "subprocess.h"
 #include "cpu_backends.h"
 
 namespace {
 
+using comms::testing::rank_lines;
+using comms::testing::ranks_of;
 using comms::testing::Process;
 using comms::testing::run;
 using namespace std::chrono_literals;
@@ -31,22 +34,6 @@ Process helper(int n, const std::string& backend, const std::string& mode, const
              {{"COMMS_BACKEND", backend}, {"COMMS_ELASTIC", "1"}, {"COMMS_OP_TIMEOUT", "20s"},
               {"COMMS_INIT_TIMEOUT", "20s"}, {"COMMS_ROUTE", route}},
              85s);
-}
-
-// rank -> the rest of each line "<tag> rank <r> <rest>"; a rank twice fails.
-std::map<int, std::string> lines(const std::string& output, const std::string& tag) {
-  std::map<int, std::string> out;
-  std::regex re(tag + R"( rank (\d+) ([^\n]*))");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it) {
-    EXPECT_TRUE(out.emplace(std::stoi((*it)[1]), (*it)[2]).second) << tag << " rank " << (*it)[1] << " twice";
-  }
-  return out;
-}
-
-std::set<int> ranks_of(const std::map<int, std::string>& m) {
-  std::set<int> out;
-  for (const auto& [r, rest] : m) out.insert(r);
-  return out;
 }
 
 const std::set<int> kFour = {0, 1, 2, 3};
@@ -70,7 +57,7 @@ std::set<std::string> names_in(const std::string& line, const std::string& list)
 // of `lists` ("rebuilt", "created", "kept") holds exactly the given names.
 void expect_admission(const std::string& output, const std::string& joined, int members,
                       const std::set<int>& newcomers, const std::map<std::string, std::set<std::string>>& lists) {
-  const auto admit = lines(output, "ADMIT");
+  const auto admit = rank_lines(output, "ADMIT");
   ASSERT_EQ(ranks_of(admit), kFour) << output;
   const std::regex re(R"(newcomer (\d) (grown 1 joined \[([\d,]*)\] members (\d+) world 4 epoch \d+ .*))");
   std::string common;
@@ -105,7 +92,7 @@ void expect_heal(const std::string& route) {
                       {"kept", {"A", "E", "mp.cp.0", "mp.cp.1", "mp.mp.0", "mp.tp.0", "mp.pp.0", "mp.pp.1",
                                 "mp.embd.0", "mp.embd.1", "mp.pos_embd.0", "mp.pos_embd.1", "mp.tp_cp.0", "mp.ep.0",
                                 "mp.ep.1", "mp.expt_tp.0", "mp.tp_ep.0", "mp.tp_ep_pp.0"}}});
-    const auto groups = lines(p.output, "GROUPS");
+    const auto groups = rank_lines(p.output, "GROUPS");
     ASSERT_EQ(ranks_of(groups), kFour) << p.output;
     const std::map<int, std::string> expected = {
         {0, "newcomer 0 world [0,1,2,3] 15 A [0,1] 3 E [0,1] 3 tp [0,1] 3 dp [0,2] 5"},
@@ -115,12 +102,12 @@ void expect_heal(const std::string& route) {
     // Every rank holds the same number of group specs, members or not.
     const std::string count = groups.at(0).substr(groups.at(0).rfind(" groups "));
     for (const auto& [r, rest] : groups) EXPECT_EQ(rest, expected.at(r) + count) << "rank " << r << "\n" << p.output;
-    const auto made = lines(p.output, "NEW");
+    const auto made = rank_lines(p.output, "NEW");
     ASSERT_EQ(ranks_of(made), kFour) << p.output;
     for (const auto& [r, rest] : made) {
       EXPECT_EQ(rest, r == 0 ? "none name -" : "[1,2,3] 14 name pg1") << "rank " << r;
     }
-    const auto idle = lines(p.output, "IDLE");
+    const auto idle = rank_lines(p.output, "IDLE");
     ASSERT_EQ(ranks_of(idle), kFour) << p.output;
     for (const auto& [r, rest] : idle) EXPECT_EQ(rest, "same 1 world [0,1,2,3] 15") << "rank " << r;
   }
@@ -137,13 +124,13 @@ TEST(DistGrow, AWorldSizeTheLayoutCannotTakeGrowsTheWorldAndLeavesTheCollectionU
     SCOPED_TRACE(backend);
     Process p = helper(2, backend, "unfit");
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    const auto unfit = lines(p.output, "UNFIT");
+    const auto unfit = rank_lines(p.output, "UNFIT");
     ASSERT_EQ(ranks_of(unfit), (std::set<int>{0, 1, 2})) << p.output;
     for (const auto& [r, rest] : unfit) {
       EXPECT_EQ(rest, std::string("code ") + (r < 2 ? "invalid_argument" : "none") + " world [0,1,2] 7 has_tp 0")
           << "rank " << r;
     }
-    const auto why = lines(p.output, "WHY");
+    const auto why = rank_lines(p.output, "WHY");
     ASSERT_EQ(ranks_of(why), (std::set<int>{0, 1})) << p.output;
     for (const auto& [r, rest] : why) {
       EXPECT_NE(rest.find("the world grew to 3 ranks, which its layout cannot take"), std::string::npos) << rest;
@@ -157,7 +144,7 @@ TEST(DistGrow, APlainAdmitKeepsEveryGroupAndTheNewcomerCountsGroupNamesOnAt4Rank
     Process p = helper(3, backend, "plain");
     EXPECT_EQ(p.exit_code(), 0) << p.output;
     expect_admission(p.output, "3", 3, {3}, {{"rebuilt", {}}, {"created", {}}, {"kept", {"pg1", "S"}}});
-    const auto plain = lines(p.output, "PLAIN");
+    const auto plain = rank_lines(p.output, "PLAIN");
     ASSERT_EQ(ranks_of(plain), kFour) << p.output;
     const std::map<int, std::string> expected = {
         {0, "newcomer 0 world [0,1,2,3] 15 pg1 [0,2] 5 S [0,1] 3 groups 3"},
@@ -166,7 +153,7 @@ TEST(DistGrow, APlainAdmitKeepsEveryGroupAndTheNewcomerCountsGroupNamesOnAt4Rank
         {3, "newcomer 1 world [0,1,2,3] 15 pg1 none S none groups 3"}};
     for (const auto& [r, rest] : plain) EXPECT_EQ(rest, expected.at(r)) << "rank " << r << "\n" << p.output;
     // The newcomer counts on from the members' pg1: the next name is pg2 everywhere.
-    const auto made = lines(p.output, "NEW");
+    const auto made = rank_lines(p.output, "NEW");
     ASSERT_EQ(ranks_of(made), kFour) << p.output;
     for (const auto& [r, rest] : made) {
       EXPECT_EQ(rest, r == 1 || r == 3 ? "[1,3] 10 name pg2" : "none name -") << "rank " << r;

@@ -39,12 +39,9 @@
 // GROW_BACKEND picks the backend (default cpu:gloo).
 #include <dirent.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -56,10 +53,12 @@
 #include <vector>
 
 #include "comms/comms.h"
+#include "newcomer.h"
 
-extern char** environ;
 
 using namespace comms;
+using comms::testing::start_newcomer;
+using comms::testing::wait_child;
 using namespace std::chrono_literals;
 
 namespace {
@@ -168,36 +167,10 @@ void print_grown(Comm& comm, bool newcomer) {
   std::fflush(stdout);
 }
 
-std::string self_path() {
-  char buf[PATH_MAX] = {};
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-}
-
-pid_t start_newcomer(const std::string& scenario) {
-  const std::string self = self_path();
-  std::vector<std::string> args = {self, "newcomer", scenario};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-    std::fprintf(stderr, "cannot start a newcomer\n");
-    std::exit(5);
-  }
-  return pid;
-}
-
 // Ticket `t` of the join queue of "world" is taken and its process recorded
 // (the store layout core/comm/grow.cc documents): the newcomer waits.
 void await_ticket(Store& store, int t) {
   store.get("comms/elastic/join/world/ticket/" + std::to_string(t), 60s);
-}
-
-int wait_child(pid_t pid) {
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 // The last op the comm's flight recorder saw (dumped to COMMS_TRACE_DIR).

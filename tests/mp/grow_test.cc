@@ -11,11 +11,14 @@
 #include <regex>
 #include <set>
 
+#include "rank_lines.h"
 #include "subprocess.h"
 #include "cpu_backends.h"
 
 namespace {
 
+using comms::testing::rank_lines;
+using comms::testing::ranks_of;
 using comms::testing::run;
 using namespace std::chrono_literals;
 
@@ -35,22 +38,6 @@ comms::testing::Process helper(int n, const std::vector<std::string>& args, std:
   return run(argv, env, 110s);
 }
 
-// rank -> the rest of each line "<tag> rank <r> <rest>"; a rank twice fails.
-std::map<int, std::string> lines(const std::string& output, const std::string& tag) {
-  std::map<int, std::string> out;
-  std::regex re(tag + R"( rank (\d+) ([^\n]*))");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it) {
-    EXPECT_TRUE(out.emplace(std::stoi((*it)[1]), (*it)[2]).second) << tag << " rank " << (*it)[1] << " twice";
-  }
-  return out;
-}
-
-std::set<int> ranks_of(const std::map<int, std::string>& m) {
-  std::set<int> out;
-  for (const auto& [r, rest] : m) out.insert(r);
-  return out;
-}
-
 std::set<int> first_ranks(int n) {
   std::set<int> out;
   for (int r = 0; r < n; ++r) out.insert(r);
@@ -62,7 +49,7 @@ std::set<int> first_ranks(int n) {
 // op timeout (23 s) and the busy_poll hint the members set at run time.
 void expect_grown(const std::string& output, int size, int epoch, const std::set<int>& newcomers,
                   const std::string& settings) {
-  const auto grown = lines(output, "GROWN");
+  const auto grown = rank_lines(output, "GROWN");
   EXPECT_EQ(ranks_of(grown), first_ranks(size)) << output;
   for (const auto& [r, rest] : grown) {
     EXPECT_EQ(rest, "name world@e" + std::to_string(epoch) + " epoch " + std::to_string(epoch) + " size " +
@@ -82,7 +69,7 @@ void expect_idle_costs_no_op(int n) {
     auto p = helper(n, {"idle"}, env);
     std::filesystem::remove_all(dir);
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    const auto idle = lines(p.output, "IDLE");
+    const auto idle = rank_lines(p.output, "IDLE");
     EXPECT_EQ(ranks_of(idle), first_ranks(n)) << p.output;
     std::regex re(R"(same (\d) ops (-?\d+) -> (-?\d+) store (.*))");
     for (const auto& [r, rest] : idle) {
@@ -109,7 +96,7 @@ void expect_planned_grow(int members, int step) {
     SCOPED_TRACE(backend + " with " + std::to_string(members) + " members");
     auto p = helper(members, {"grow", std::to_string(step)}, env_for(backend));
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    const auto steps = lines(p.output, "STEP");
+    const auto steps = rank_lines(p.output, "STEP");
     EXPECT_EQ(ranks_of(steps), first_ranks(members)) << p.output;
     for (const auto& [r, rest] : steps) {
       EXPECT_EQ(rest, "step " + std::to_string(step) + " grew " + std::to_string(members) + " -> " +
@@ -117,7 +104,7 @@ void expect_planned_grow(int members, int step) {
           << p.output;
     }
     expect_grown(p.output, members + 1, 1, {members}, " op_timeout_ms 23000 busy_poll 0");
-    const auto done = lines(p.output, "DONE");
+    const auto done = rank_lines(p.output, "DONE");
     EXPECT_EQ(ranks_of(done), first_ranks(members)) << p.output;
     for (const auto& [r, rest] : done) EXPECT_EQ(rest, "size " + std::to_string(members + 1)) << p.output;
   }
@@ -136,13 +123,13 @@ TEST(Grow, AKilledRankIsShrunkAwayAndAReplacementJoinsBringingTheWorldBackAt4Ran
     SCOPED_TRACE(backend);
     auto p = helper(4, {"replace", "3"}, env_for(backend), /*keep_going=*/true);
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    const auto recovered = lines(p.output, "RECOVERED");
+    const auto recovered = rank_lines(p.output, "RECOVERED");
     EXPECT_EQ(ranks_of(recovered), first_ranks(3)) << p.output;
     for (const auto& [r, rest] : recovered) EXPECT_EQ(rest, "lost 1 size 3") << p.output;
     // epoch 1: the shrink; epoch 2: the admission. The helper sets no
     // timeout or hint here: the environment's 20 s and none come through.
     expect_grown(p.output, 4, 2, {3}, " op_timeout_ms 20000 busy_poll none");
-    const auto done = lines(p.output, "DONE");
+    const auto done = rank_lines(p.output, "DONE");
     EXPECT_EQ(ranks_of(done), first_ranks(3)) << p.output;
     for (const auto& [r, rest] : done) EXPECT_EQ(rest, "size 4") << p.output;
   }
@@ -164,7 +151,7 @@ void expect_kept(const std::string& mode, const std::map<std::string, std::strin
     for (const auto& [k, v] : extra_env) env[k] = v;
     auto p = helper(4, {mode}, env);
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    const auto kept = lines(p.output, "KEPT");
+    const auto kept = rank_lines(p.output, "KEPT");
     EXPECT_EQ(ranks_of(kept), first_ranks(4)) << p.output;
     for (const auto& [r, rest] : kept) EXPECT_EQ(rest, "same 1 size 4 sum 15") << "rank " << r << "\n" << p.output;
   }
@@ -216,7 +203,7 @@ TEST(Grow, AMemberLostDuringAnAdmissionFailsItOnTheMembersAndTheNewcomerJoinsThe
     env["COMMS_INIT_TIMEOUT"] = "5s";  // the others' connect to the dead member fails at this
     auto p = helper(4, {"member-lost"}, env, /*keep_going=*/true);
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    const auto admitted = lines(p.output, "ADMIT");
+    const auto admitted = rank_lines(p.output, "ADMIT");
     EXPECT_EQ(ranks_of(admitted), (std::set<int>{0, 1, 3})) << p.output;
     for (const auto& [r, rest] : admitted) EXPECT_EQ(rest, "peer_failure") << "rank " << r << "\n" << p.output;
     // The newcomer's first admission failed too; it joined again.
@@ -238,7 +225,7 @@ TEST(Grow, TwentyJoinAndShrinkCyclesLeaveFileDescriptorsAndThreadsFlatAt4Ranks) 
     auto p = run({COMMSRUN, "-n", "4", "--timeout", "280", "--", GROW_HELPER, "cycles", std::to_string(cycles)},
                  env_for(backend), 290s);
     EXPECT_EQ(p.exit_code(), 0) << p.output;
-    const auto seen = lines(p.output, "CYCLES");
+    const auto seen = rank_lines(p.output, "CYCLES");
     EXPECT_EQ(ranks_of(seen), first_ranks(4)) << p.output;
     std::regex re(R"(epoch (\d+) fds (\d+) -> (\d+) threads (\d+) -> (\d+))");
     for (const auto& [r, rest] : seen) {
