@@ -24,6 +24,7 @@ namespace {
 Comm::Impl& impl_of(const Comm& comm) { return internal::CommAccess::impl(comm); }
 
 using internal::await_record;
+using internal::decide_or_await_record;
 using internal::decode_ranks;
 using internal::elastic_error;
 using internal::encode_ranks;
@@ -146,7 +147,7 @@ std::shared_ptr<Comm> shrink_unguarded(Comm& comm, const Agreement& agreement) {
     Waiting wait = waiting(impl, {});
     const std::set<int> outside(agreement.lost.begin(), agreement.lost.end());
     std::set<int> present;
-    record = await_record(store, dir + "/commit", [&]() -> std::optional<std::string> {
+    record = decide_or_await_record(store, dir + "/commit", [&]() -> std::optional<std::string> {
       const auto missing = missing_ranks(store, dir + "/joined", impl.config().size, outside, present);
       if (missing.empty()) return "ok";
       if (wait.give_up_on(missing)) return "fail";

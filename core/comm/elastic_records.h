@@ -76,6 +76,15 @@ std::string await_record(Store& store, const std::string& record, Decide&& decid
   }
 }
 
+// As await_record, but asks `decide` before the first wait: for a record
+// every participant waits on after showing up, the last to show up can
+// write it at once instead of one poll later (the others are all waiting).
+template <class Decide>
+std::string decide_or_await_record(Store& store, const std::string& record, Decide&& decide) {
+  if (auto proposal = decide()) return store.compare_set(record, "", *proposal);
+  return await_record(store, record, decide);
+}
+
 // The participants of [0, size) (but `skip`) whose key "<dir>/<p>" is still
 // missing; those found are remembered in `present`.
 std::vector<int> missing_ranks(Store& store, const std::string& dir, int size, const std::set<int>& skip,

@@ -44,6 +44,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using nlohmann::json;
 using internal::await_record;
+using internal::decide_or_await_record;
 using internal::Liveness;
 using internal::Waiting;
 
@@ -122,7 +123,7 @@ std::string agree_on_native(const Admission& ad, const std::string& dir, int siz
   store.set(str::cat(dir, "/voted/", rank), "1");
   Waiting wait{Liveness(store, token_key, ad.liveness), Clock::now() + ad.timeout};
   std::set<int> voted;
-  return await_record(store, dir + "/way", [&]() -> std::optional<std::string> {
+  return decide_or_await_record(store, dir + "/way", [&]() -> std::optional<std::string> {
     const auto missing = internal::missing_ranks(store, dir + "/voted", size, {}, voted);
     if (missing.empty()) {
       uint32_t all = 0;
@@ -181,7 +182,7 @@ std::shared_ptr<Comm> build_and_confirm(const Admission& ad, std::vector<int64_t
       // a lost one holds everyone's connect back.
       Waiting wait{Liveness(store, token_key, ad.liveness), Clock::now() + ad.timeout + ad.init_timeout};
       std::set<int> present;
-      commit = await_record(store, dir + "/commit", [&]() -> std::optional<std::string> {
+      commit = decide_or_await_record(store, dir + "/commit", [&]() -> std::optional<std::string> {
         const auto missing = internal::missing_ranks(store, dir + "/present", size, {}, present);
         if (missing.empty()) return store.check({dir + "/failed"}) ? "failed" : "ok";
         if (wait.give_up_on(missing)) return internal::encode_ranks(missing);
