@@ -75,6 +75,11 @@ AdmitResult admit_world(const AdmitOptions& options, const CollectionGrowth* col
 // On a newcomer: the collection of `record`, reshaped as the members did.
 std::shared_ptr<ProcessGroupCollection> join_collection(const std::string& record, uint64_t epoch, AdmitResult& out);
 
+// What recovery and growth both ask of a collection before reshaping it:
+// usable, and covering the whole world (else kInvalidArgument or
+// kUnsupported, naming `reshape`: "recovery" or "growth").
+void check_reshapable(const ProcessGroupCollection& c, const char* reshape);
+
 // Megatron's communicator-config keys for our groups (parallel_state.py's
 // get_nccl_options names): ep_tp -> expt_tp, tp_ep_mp -> tp_ep (Megatron's
 // tp-ep group, EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP), ep_dp -> expt_dp;

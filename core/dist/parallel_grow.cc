@@ -82,23 +82,24 @@ struct CollectionAccess {
     return c;
   }
 
-  static void check_growable(const ProcessGroupCollection& c) {
-    const Group w = world();
-    const std::string who = str::cat("comms::dist model parallel: collection '", c.prefix_, "'");
-    if (!c.unusable_.empty()) throw Error(ErrorCode::kInvalidArgument, str::cat(who, " is unusable: ", c.unusable_));
-    if (c.config_.rank_offset != 0 || c.plan_.world_size != w.size()) {
-      throw Error(ErrorCode::kUnsupported,
-                  str::cat(who, " covers ranks [", c.config_.rank_offset, ", ",
-                           c.config_.rank_offset + c.plan_.world_size, ") of a world of ", w.size(),
-                           "; growth reshapes only a collection over the whole world"));
-    }
-  }
-
   static const std::string& unusable(const ProcessGroupCollection& c) { return c.unusable_; }
 };
 
+void check_reshapable(const ProcessGroupCollection& c, const char* reshape) {
+  const Group w = world();
+  const std::string who = str::cat("comms::dist model parallel: collection '", c.prefix(), "'");
+  const std::string& unusable = CollectionAccess::unusable(c);
+  if (!unusable.empty()) throw Error(ErrorCode::kInvalidArgument, str::cat(who, " is unusable: ", unusable));
+  if (c.config().rank_offset != 0 || c.plan().world_size != w.size()) {
+    throw Error(ErrorCode::kUnsupported,
+                str::cat(who, " covers ranks [", c.config().rank_offset, ", ",
+                         c.config().rank_offset + c.plan().world_size, ") of a world of ", w.size(), "; ", reshape,
+                         " reshapes only a collection over the whole world"));
+  }
+}
+
 AdmitResult admit_model_parallel(ProcessGroupCollection& c, const AdmitOptions& options) {
-  CollectionAccess::check_growable(c);
+  check_reshapable(c, "growth");
   CollectionGrowth growth;
   growth.record = CollectionAccess::record(c);
   growth.reshape = [&c](uint64_t epoch, AdmitResult& out) { CollectionAccess::reshape(c, epoch, out); };

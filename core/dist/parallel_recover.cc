@@ -96,14 +96,8 @@ ShrinkRule drop_replicas() {
 }
 
 RecoverResult recover_model_parallel(ProcessGroupCollection& c, const ShrinkRule& rule, const AgreeOptions& options) {
-  const Group w = world();
+  check_reshapable(c, "recovery");
   const std::string who = str::cat("comms::dist model parallel: collection '", c.prefix_, "'");
-  if (!c.unusable_.empty()) throw Error(ErrorCode::kInvalidArgument, str::cat(who, " is unusable: ", c.unusable_));
-  if (c.config_.rank_offset != 0 || c.plan_.world_size != w.size()) {
-    throw Error(ErrorCode::kUnsupported,
-                str::cat(who, " covers ranks [", c.config_.rank_offset, ", ", c.config_.rank_offset + c.plan_.world_size,
-                         ") of a world of ", w.size(), "; recovery reshapes only a collection over the whole world"));
-  }
   RecoverOptions o;
   o.agree = options;
   std::string refused;
