@@ -6,10 +6,10 @@
 //     scatter up to kExchangeMaxBytes summed over ranks (size x count x
 //     element): one direct exchange, reductions local and in rank order;
 //   all_reduce, reduce_scatter, all_gather and reduce above that: a
-//     pipelined ring (all_reduce on a transport that sends in place, from
-//     kAllReduceDirectMinSegmentBytes per segment: direct copies where every
-//     rank copies directly with every other, as UCX's ranks on one host;
-//     the ring where not);
+//     pipelined ring (on a transport that sends in place, all_reduce from
+//     kAllReduceDirectMinSegmentBytes per segment and all_gather at every
+//     such size: direct copies where every rank copies directly with every
+//     other, as UCX's ranks on one host; the ring where not);
 //   broadcast up to kSyncPathMaxBytes, and at every size on a transport
 //     that sends in place (UCX): the root sends to every rank (from
 //     kBroadcastDirectMinBytes there, direct copies: root and receiver
@@ -106,9 +106,10 @@ constexpr Algorithm algorithm_for(plugin::OpType type, size_t bytes, int size, b
     case plugin::OpType::kReduce:
       if (bytes == 0) return Algorithm::kNone;
       if (exchange_fits) return Algorithm::kExchange;
-      return type == plugin::OpType::kAllReduce && in_place && all_reduce_may_copy_directly(bytes, size)
-                 ? Algorithm::kDirectCopies
-                 : Algorithm::kPipelinedRing;
+      if (type == plugin::OpType::kAllReduce && in_place && all_reduce_may_copy_directly(bytes, size)) {
+        return Algorithm::kDirectCopies;
+      }
+      return type == plugin::OpType::kAllGather && in_place ? Algorithm::kDirectCopies : Algorithm::kPipelinedRing;
     case plugin::OpType::kAllToAll:
     case plugin::OpType::kGather:
     case plugin::OpType::kScatter:
@@ -138,8 +139,11 @@ constexpr std::string_view algorithm_name(plugin::OpType type, Algorithm a) {
     case Algorithm::kPipelinedRing:
       return type == plugin::OpType::kReduce ? "sync ring reduce-scatter + gather to root" : "sync pipelined ring";
     case Algorithm::kDirectCopies:
-      return type == plugin::OpType::kBroadcast ? "direct copies: root and receivers split"
-                                                : "direct copies: each rank reduces its segment";
+      switch (type) {
+        case plugin::OpType::kBroadcast: return "direct copies: root and receivers split";
+        case plugin::OpType::kAllGather: return "direct copies: each rank reads every peer's block";
+        default: return "direct copies: each rank reduces its segment";
+      }
     case Algorithm::kBroadcast: return "sync broadcast from root";
     case Algorithm::kBarrier: return "sync token exchange";
     case Algorithm::kNone: break;
@@ -148,7 +152,7 @@ constexpr std::string_view algorithm_name(plugin::OpType type, Algorithm a) {
 }
 
 // What kDirectCopies runs where some pair does not copy directly: the
-// broadcast's pieces, the all_reduce's ring.
+// broadcast's pieces, the all_reduce's and all_gather's ring.
 constexpr Algorithm fallback_of(plugin::OpType type, Algorithm a) {
   if (a != Algorithm::kDirectCopies) return a;
   return type == plugin::OpType::kBroadcast ? Algorithm::kBroadcast : Algorithm::kPipelinedRing;

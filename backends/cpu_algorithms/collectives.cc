@@ -147,26 +147,8 @@ void Collectives::all_reduce(Algorithm a, const void* in, void* out, size_t coun
 // input, and writes the peer's output there only after reading it.
 bool Collectives::all_reduce_direct(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
   const size_t bytes = count * es;
-  // Alike on every rank: direct_possible is alike on both ends of a pair,
-  // and UCX's (one host) is transitive.
-  for (int q = 0; q < size_; ++q) {
-    if (q != rank_ && !t_.direct_possible(q)) return false;
-  }
-  bool all = true;
-  for (int q = 0; q < size_; ++q) all = all && (q == rank_ || t_.copies_direct(q));
-  const DirectHeader mine{reinterpret_cast<uintptr_t>(in), reinterpret_cast<uintptr_t>(out), bytes, all ? 1u : 0u};
+  if (!trade_direct_headers(op, in, out, bytes)) return false;
   std::vector<DirectHeader>& peers = peer_headers_;
-  for (int k = 1; k < size_; ++k) {
-    t_.send((rank_ + k) % size_, Channel::kRingStaging, user(&mine, sizeof mine), 0, sizeof mine, 0, op.deadline);
-  }
-  bool go = all;
-  for (int k = 1; k < size_; ++k) {
-    const int q = (rank_ - k + size_) % size_;
-    DirectHeader& h = peers[static_cast<size_t>(q)];
-    t_.recv(q, Channel::kRingStaging, user(&h, sizeof h), 0, sizeof h, op.deadline);
-    go = go && h.direct && h.bytes == bytes;
-  }
-  if (!go) return false;
   if (staging_.size() < kAllReduceDirectChunkBytes) staging_.resize(kAllReduceDirectChunkBytes);
   auto* in_bytes = static_cast<const unsigned char*>(in);
   auto* out_bytes = static_cast<unsigned char*>(out);
@@ -184,6 +166,51 @@ bool Collectives::all_reduce_direct(const Op& op, const void* in, void* out, siz
       t_.write_direct(q, out_bytes + off, peers[static_cast<size_t>(q)].out + off, len, op.deadline);
     }
   }
+  end_direct(op);
+  return true;
+}
+
+// Each rank reads every peer's block straight out of the peer's input into
+// its own output: each byte copied once, by the rank that needs it, so every
+// core copies (n - 1) blocks. In place is safe: a peer's input is its own
+// block of its output, which no rank writes.
+bool Collectives::all_gather_direct(const Op& op, const void* in, void* out, size_t bytes) {
+  if (!trade_direct_headers(op, in, out, bytes)) return false;
+  auto* o = static_cast<unsigned char*>(out);
+  std::memmove(o + static_cast<size_t>(rank_) * bytes, in, bytes);
+  for (int k = 1; k < size_; ++k) {
+    const int q = (rank_ + k) % size_;
+    t_.read_direct(q, o + static_cast<size_t>(q) * bytes, peer_headers_[static_cast<size_t>(q)].in, bytes,
+                   op.deadline);
+  }
+  end_direct(op);
+  return true;
+}
+
+// Alike on every rank: direct_possible is alike on both ends of a pair, and
+// UCX's (one host) is transitive; every rank sees every header.
+bool Collectives::trade_direct_headers(const Op& op, const void* in, void* out, size_t bytes) {
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_ && !t_.direct_possible(q)) return false;
+  }
+  bool all = true;
+  for (int q = 0; q < size_; ++q) all = all && (q == rank_ || t_.copies_direct(q));
+  const DirectHeader mine{reinterpret_cast<uintptr_t>(in), reinterpret_cast<uintptr_t>(out), bytes, all ? 1u : 0u};
+  std::vector<DirectHeader>& peers = peer_headers_;
+  for (int k = 1; k < size_; ++k) {
+    t_.send((rank_ + k) % size_, Channel::kRingStaging, user(&mine, sizeof mine), 0, sizeof mine, 0, op.deadline);
+  }
+  bool go = all;
+  for (int k = 1; k < size_; ++k) {
+    const int q = (rank_ - k + size_) % size_;
+    DirectHeader& h = peers[static_cast<size_t>(q)];
+    t_.recv(q, Channel::kRingStaging, user(&h, sizeof h), 0, sizeof h, op.deadline);
+    go = go && h.direct && h.bytes == bytes;
+  }
+  return go;
+}
+
+void Collectives::end_direct(const Op& op) {
   uint8_t token = 1;
   for (int k = 1; k < size_; ++k) {
     t_.send((rank_ + k) % size_, Channel::kRingStaging, user(&token, 1), 0, 1, 0, op.deadline);
@@ -191,7 +218,6 @@ bool Collectives::all_reduce_direct(const Op& op, const void* in, void* out, siz
   for (int k = 1; k < size_; ++k) {
     t_.recv((rank_ - k + size_) % size_, Channel::kRingStaging, user(&token, 1), 0, 1, op.deadline);
   }
-  return true;
 }
 
 void Collectives::reduce(Algorithm a, const void* in, void* out, size_t count, size_t es, ReduceFn fn, int root) {
@@ -207,6 +233,7 @@ void Collectives::reduce(Algorithm a, const void* in, void* out, size_t count, s
 
 void Collectives::all_gather(Algorithm a, const void* in, void* out, size_t bytes) {
   const Op op(*this);
+  if (a == Algorithm::kDirectCopies && all_gather_direct(op, in, out, bytes)) return;
   if (a != Algorithm::kExchange) return ring_all_gather(op, in, out, bytes);
   fill(op, in, bytes, 1);
   exchange_all(op, bytes, false);

@@ -15,10 +15,10 @@
 //    pieces are sent in place there); a reduce-scatter and/or an all-gather
 //    move one piece per step, so reducing a piece overlaps the neighbours'
 //    transfers. Every element is reduced once, then gathered;
-//  - kDirectCopies (all_reduce and broadcast on a transport that sends in
-//    place, by size): ranks trade headers and copy straight between their
-//    buffers where both ends copy directly; else the ring (all_reduce) or
-//    pieces (broadcast);
+//  - kDirectCopies (all_reduce, all_gather and broadcast on a transport
+//    that sends in place, by size): ranks trade headers and copy straight
+//    between their buffers where both ends copy directly; else the ring
+//    (all_reduce, all_gather) or pieces (broadcast);
 //  - kBroadcast: the root sends to every rank;
 //  - kBarrier: a token from every rank to every other.
 //
@@ -114,6 +114,16 @@ class Collectives {
   // An all_reduce of kAllReduceDirectMinSegmentBytes per segment on an in-place transport;
   // false (nothing done but the headers) where not every rank copies directly.
   bool all_reduce_direct(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn);
+  // An all_gather of kAllGatherDirectMinBytes per rank on an in-place
+  // transport; false as all_reduce_direct's.
+  bool all_gather_direct(const Op& op, const void* in, void* out, size_t bytes);
+  // Sends every peer this rank's header and reads theirs into
+  // peer_headers_: true when every rank copies directly with every peer
+  // and all passed `bytes`. A direct op ends with end_direct(): a token to
+  // every peer, then one from each (this rank no longer reads the peers'
+  // inputs nor writes their outputs, and they no longer touch its buffers).
+  bool trade_direct_headers(const Op& op, const void* in, void* out, size_t bytes);
+  void end_direct(const Op& op);
   // A broadcast on an in-place transport; try_direct: kDirectCopies.
   void broadcast_in_place(const Op& op, const void* in, void* out, size_t bytes, int root, bool try_direct);
 

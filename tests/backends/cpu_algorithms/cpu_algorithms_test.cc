@@ -398,6 +398,41 @@ TEST(CpuAlgorithms, LargeAllReduceCopiesDirectlyOnlyWhenEveryRankCan) {
   }
 }
 
+// Above the exchange, when every rank copies directly with every other,
+// each rank reads every peer's block out of the peer's input (n - 1 reads
+// per rank; in place, the input is the rank's own block of its output);
+// one rank that cannot makes every rank take the ring.
+TEST(CpuAlgorithms, LargeAllGatherCopiesDirectlyOnlyWhenEveryRankCan) {
+  const size_t count = kExchangeMaxBytes / 4 + 1031;  // per rank, int32
+  for (int n : {2, 3, 4}) {
+    for (int refusing : {-1, 0}) {
+      for (bool same : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "size " << n << " refusing " << refusing << " in-place " << same);
+        std::vector<bool> direct(static_cast<size_t>(n), true);
+        if (refusing >= 0) direct[static_cast<size_t>(refusing)] = false;
+        int copies = 0;
+        run_ranks(
+            n,
+            [n, count, same](int r, Planned& c) {
+              const size_t total = count * static_cast<size_t>(n);
+              std::vector<int32_t> in(count), out(total, -1);
+              int32_t* mine = out.data() + static_cast<size_t>(r) * count;
+              for (size_t i = 0; i < count; ++i) (same ? mine : in.data())[i] = value(r, i);
+              c.all_gather(same ? mine : in.data(), out.data(), count * 4);
+              for (int q = 0; q < n; ++q) {
+                for (size_t i = 0; i < count; ++i) {
+                  ASSERT_EQ(out[static_cast<size_t>(q) * count + i], value(q, i)) << "rank " << r << " block " << q;
+                }
+              }
+            },
+            10s, true, true, direct, &copies);
+        if (refusing >= 0) EXPECT_EQ(copies, 0) << "the ring, on every rank";
+        else EXPECT_EQ(copies, n * (n - 1)) << "one read per peer's block on every rank";
+      }
+    }
+  }
+}
+
 TEST(CpuAlgorithms, AWaitForAPeerThatNeverSendsEndsAtTheDeadlineNamingThePeer) {
   run_ranks(
       2,
@@ -488,6 +523,11 @@ TEST(CpuAlgorithms, TheExchangeAndTheRingSplitWhereAlgorithmForSays) {
   EXPECT_EQ(algorithm_for(OpType::kAllReduce, 2 * kAllReduceDirectMinSegmentBytes, 2), Algorithm::kPipelinedRing);
   EXPECT_EQ(algorithm_for(OpType::kReduce, 64u << 20, 2, true), Algorithm::kPipelinedRing);
   EXPECT_EQ(algorithm_for(OpType::kBroadcast, kBroadcastDirectMinBytes, 2), Algorithm::kBroadcast);
+  // all_gather copies directly wherever the exchange ends, on such a transport only.
+  EXPECT_EQ(algorithm_for(OpType::kAllGather, kExchangeMaxBytes / 2, 2, true), Algorithm::kExchange);
+  EXPECT_EQ(algorithm_for(OpType::kAllGather, kExchangeMaxBytes / 2 + 1, 2, true), Algorithm::kDirectCopies);
+  EXPECT_EQ(algorithm_for(OpType::kAllGather, kExchangeMaxBytes / 2 + 1, 2), Algorithm::kPipelinedRing);
+  EXPECT_EQ(fallback_of(OpType::kAllGather, Algorithm::kDirectCopies), Algorithm::kPipelinedRing);
 }
 
 

@@ -165,6 +165,8 @@ TEST(PathTable, TwoRankPlansKeepTheBackendsPaths) {
             R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":16384,"path":"shm"},{"max_bytes":32768,"path":"sync exchange + local reduce"},{"max_bytes":65535,"path":"sync pipelined ring"},{"max_bytes":null,"path":"direct copies: each rank reduces its segment"}])");
   EXPECT_EQ(ucx.at("broadcast").dump(),
             R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":16384,"path":"shm"},{"max_bytes":65535,"path":"sync broadcast from root"},{"max_bytes":null,"path":"direct copies: root and receivers split"}])");
+  EXPECT_EQ(ucx.at("all_gather").dump(),
+            R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":16384,"path":"shm"},{"max_bytes":32768,"path":"sync exchange"},{"max_bytes":null,"path":"direct copies: each rank reads every peer's block"}])");
   EXPECT_EQ(ucx.at("barrier").dump(), R"([{"max_bytes":null,"path":"shm"}])");
   EXPECT_EQ(ucx.at("send").dump(), R"([{"max_bytes":null,"path":"ucp tag send/recv"}])");
 }
