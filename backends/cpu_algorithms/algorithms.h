@@ -7,9 +7,12 @@
 //     element): one direct exchange, reductions local and in rank order;
 //   all_reduce, reduce_scatter, all_gather and reduce above that: a
 //     pipelined ring (on a transport that sends in place, all_reduce from
-//     kAllReduceDirectMinSegmentBytes per segment and all_gather at every
-//     such size: direct copies where every rank copies directly with every
-//     other, as UCX's ranks on one host; the ring where not);
+//     kAllReduceDirectMinSegmentBytes per segment: direct copies where every
+//     rank copies directly with every other, as UCX's ranks on one host;
+//     the ring where not);
+//   all_gather on such a transport from kAllGatherDirectMinBytes per rank,
+//     whether or not the exchange would fit: direct copies (or, where some
+//     rank does not copy directly, the exchange or the ring by size);
 //   broadcast up to kSyncPathMaxBytes, and at every size on a transport
 //     that sends in place (UCX): the root sends to every rank (from
 //     kBroadcastDirectMinBytes there, direct copies: root and receiver
@@ -90,6 +93,13 @@ constexpr bool all_reduce_may_copy_directly(size_t bytes, int size) {
 }
 inline constexpr size_t kAllReduceDirectChunkBytes = 256 * 1024;
 
+// An all_gather of at least kAllGatherDirectMinBytes per rank, where every
+// rank copies directly with every other: each rank reads every peer's block
+// out of the peer's input, one copy per byte. Rule: from 8 KiB per rank at 2
+// ranks one read beats the shared-memory slots' two copies and the
+// exchange's (measured: docs/PERFORMANCE.md, "UCX against Open MPI").
+inline constexpr size_t kAllGatherDirectMinBytes = 8 * 1024;
+
 // bytes: the op's per-rank count (all_to_all: per block) times the element size.
 // in_place: the transport sends in place (Transport::sends_in_place).
 // kDirectCopies: each pair of ranks trades headers first and copies
@@ -105,11 +115,14 @@ constexpr Algorithm algorithm_for(plugin::OpType type, size_t bytes, int size, b
     case plugin::OpType::kReduceScatter:
     case plugin::OpType::kReduce:
       if (bytes == 0) return Algorithm::kNone;
+      if (type == plugin::OpType::kAllGather && in_place && bytes >= kAllGatherDirectMinBytes) {
+        return Algorithm::kDirectCopies;
+      }
       if (exchange_fits) return Algorithm::kExchange;
       if (type == plugin::OpType::kAllReduce && in_place && all_reduce_may_copy_directly(bytes, size)) {
         return Algorithm::kDirectCopies;
       }
-      return type == plugin::OpType::kAllGather && in_place ? Algorithm::kDirectCopies : Algorithm::kPipelinedRing;
+      return Algorithm::kPipelinedRing;
     case plugin::OpType::kAllToAll:
     case plugin::OpType::kGather:
     case plugin::OpType::kScatter:
@@ -152,10 +165,12 @@ constexpr std::string_view algorithm_name(plugin::OpType type, Algorithm a) {
 }
 
 // What kDirectCopies runs where some pair does not copy directly: the
-// broadcast's pieces, the all_reduce's and all_gather's ring.
-constexpr Algorithm fallback_of(plugin::OpType type, Algorithm a) {
+// broadcast's pieces, the all_reduce's ring, and the all_gather's exchange
+// or ring by size. `bytes` and `size` as algorithm_for's.
+constexpr Algorithm fallback_of(plugin::OpType type, Algorithm a, size_t bytes, int size) {
   if (a != Algorithm::kDirectCopies) return a;
-  return type == plugin::OpType::kBroadcast ? Algorithm::kBroadcast : Algorithm::kPipelinedRing;
+  if (type == plugin::OpType::kBroadcast) return Algorithm::kBroadcast;
+  return algorithm_for(type, bytes, size, /*in_place=*/false);
 }
 
 }  // namespace comms::cpu_algorithms

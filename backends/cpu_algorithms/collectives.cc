@@ -233,7 +233,10 @@ void Collectives::reduce(Algorithm a, const void* in, void* out, size_t count, s
 
 void Collectives::all_gather(Algorithm a, const void* in, void* out, size_t bytes) {
   const Op op(*this);
-  if (a == Algorithm::kDirectCopies && all_gather_direct(op, in, out, bytes)) return;
+  if (a == Algorithm::kDirectCopies) {
+    if (all_gather_direct(op, in, out, bytes)) return;
+    a = fallback_of(plugin::OpType::kAllGather, a, bytes, size_);
+  }
   if (a != Algorithm::kExchange) return ring_all_gather(op, in, out, bytes);
   fill(op, in, bytes, 1);
   exchange_all(op, bytes, false);

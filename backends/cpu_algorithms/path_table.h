@@ -39,7 +39,8 @@ std::vector<PathRun> path_runs(const Name& name, int size, std::initializer_list
     if (k == 0) return;
     for (size_t c : {k - 1, k, k / n, k * n - 1}) last.push_back(c);
   };
-  for (size_t k : {kExchangeMaxBytes, kSyncPathMaxBytes, kAllReduceDirectMinSegmentBytes, kBroadcastDirectMinBytes}) {
+  for (size_t k : {kExchangeMaxBytes, kSyncPathMaxBytes, kAllReduceDirectMinSegmentBytes, kBroadcastDirectMinBytes,
+                   kAllGatherDirectMinBytes}) {
     add(k);
   }
   for (size_t k : limits) add(k);

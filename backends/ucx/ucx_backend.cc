@@ -328,7 +328,7 @@ std::string UcxBackend::describe() const {
   j["op_timeout_ms"] = op_timeout().count();
   if (planned_.load(std::memory_order_acquire)) {  // once connected: shared memory and direct copies are known
     j["paths"] = cpu_algorithms::paths_json<nlohmann::ordered_json>(
-        [&](OpType type, size_t bytes) { return path_name(type, plan(type, bytes, shape_), shape_); }, init_.size,
+        [&](OpType type, size_t bytes) { return path_name(type, bytes, plan(type, bytes, shape_), shape_); }, init_.size,
         {shape_.shm_max_bytes, kFlatAcrossHostsMinBytes, kFlatAcrossHostsMaxBytes});
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8

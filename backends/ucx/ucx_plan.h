@@ -83,7 +83,7 @@ constexpr Plan plan(plugin::OpType type, size_t bytes, const UcxShape& comm) {
   return a != Algorithm::kNone ? Plan{Path::kCollectives, a} : Plan{Path::kPairwise};
 }
 
-constexpr std::string_view path_name(plugin::OpType type, Plan p, const UcxShape& comm) {
+constexpr std::string_view path_name(plugin::OpType type, size_t bytes, Plan p, const UcxShape& comm) {
   switch (p.path) {
     case Path::kPointToPoint: return "ucp tag send/recv";
     case Path::kOneRank: return "one-rank copy";
@@ -91,7 +91,7 @@ constexpr std::string_view path_name(plugin::OpType type, Plan p, const UcxShape
     case Path::kHierarchical: return "hierarchical: reduce in each host, all_reduce between hosts, broadcast";
     case Path::kCollectives:
       return cpu_algorithms::algorithm_name(
-          type, comm.copies_direct ? p.algorithm : cpu_algorithms::fallback_of(type, p.algorithm));
+          type, comm.copies_direct ? p.algorithm : cpu_algorithms::fallback_of(type, p.algorithm, bytes, comm.size));
     default: return "pairwise exchange";
   }
 }

@@ -398,12 +398,12 @@ TEST(CpuAlgorithms, LargeAllReduceCopiesDirectlyOnlyWhenEveryRankCan) {
   }
 }
 
-// Above the exchange, when every rank copies directly with every other,
+// From kAllGatherDirectMinBytes, when every rank copies directly with every other,
 // each rank reads every peer's block out of the peer's input (n - 1 reads
 // per rank; in place, the input is the rank's own block of its output);
 // one rank that cannot makes every rank take the ring.
 TEST(CpuAlgorithms, LargeAllGatherCopiesDirectlyOnlyWhenEveryRankCan) {
-  const size_t count = kExchangeMaxBytes / 4 + 1031;  // per rank, int32
+  for (size_t count : {kAllGatherDirectMinBytes / 4 + 3, kExchangeMaxBytes / 4 + 1031})  // per rank, int32
   for (int n : {2, 3, 4}) {
     for (int refusing : {-1, 0}) {
       for (bool same : {false, true}) {
@@ -523,11 +523,15 @@ TEST(CpuAlgorithms, TheExchangeAndTheRingSplitWhereAlgorithmForSays) {
   EXPECT_EQ(algorithm_for(OpType::kAllReduce, 2 * kAllReduceDirectMinSegmentBytes, 2), Algorithm::kPipelinedRing);
   EXPECT_EQ(algorithm_for(OpType::kReduce, 64u << 20, 2, true), Algorithm::kPipelinedRing);
   EXPECT_EQ(algorithm_for(OpType::kBroadcast, kBroadcastDirectMinBytes, 2), Algorithm::kBroadcast);
-  // all_gather copies directly wherever the exchange ends, on such a transport only.
-  EXPECT_EQ(algorithm_for(OpType::kAllGather, kExchangeMaxBytes / 2, 2, true), Algorithm::kExchange);
-  EXPECT_EQ(algorithm_for(OpType::kAllGather, kExchangeMaxBytes / 2 + 1, 2, true), Algorithm::kDirectCopies);
+  // all_gather copies directly from its size rule, on such a transport only.
+  EXPECT_EQ(algorithm_for(OpType::kAllGather, kAllGatherDirectMinBytes - 1, 2, true), Algorithm::kExchange);
+  EXPECT_EQ(algorithm_for(OpType::kAllGather, kAllGatherDirectMinBytes, 2, true), Algorithm::kDirectCopies);
+  EXPECT_EQ(algorithm_for(OpType::kAllGather, kExchangeMaxBytes, 2, true), Algorithm::kDirectCopies);
+  EXPECT_EQ(algorithm_for(OpType::kAllGather, kAllGatherDirectMinBytes, 2), Algorithm::kExchange);
   EXPECT_EQ(algorithm_for(OpType::kAllGather, kExchangeMaxBytes / 2 + 1, 2), Algorithm::kPipelinedRing);
-  EXPECT_EQ(fallback_of(OpType::kAllGather, Algorithm::kDirectCopies), Algorithm::kPipelinedRing);
+  EXPECT_EQ(fallback_of(OpType::kAllGather, Algorithm::kDirectCopies, kAllGatherDirectMinBytes, 2), Algorithm::kExchange);
+  EXPECT_EQ(fallback_of(OpType::kAllGather, Algorithm::kDirectCopies, kExchangeMaxBytes, 2), Algorithm::kPipelinedRing);
+  EXPECT_EQ(fallback_of(OpType::kAllReduce, Algorithm::kDirectCopies, 64u << 20, 2), Algorithm::kPipelinedRing);
 }
 
 

@@ -108,7 +108,7 @@ TEST(PathTable, TheUcxTableNamesThePlansPathAtEveryByteCount) {
       for (bool direct : {true, false}) {
         const ucx_backend::UcxShape comm{size, shm, direct};
         auto name = [&](OpType type, size_t bytes) {
-          return ucx_backend::path_name(type, ucx_backend::plan(type, bytes, comm), comm);
+          return ucx_backend::path_name(type, bytes, ucx_backend::plan(type, bytes, comm), comm);
         };
         expect_table_matches(paths_json<nlohmann::json>(name, size, {shm}), size, name,
                              "ucx size " + std::to_string(size) + " shm " + std::to_string(shm) + " direct " +
@@ -124,7 +124,7 @@ TEST(PathTable, ATableOffByOneByteAtAnyLimitDisagreesWithThePlan) {
   for (int size : {2, 3}) {
     const ucx_backend::UcxShape comm{size, ucx_backend::kShmMaxBytes, true};
     auto name = [&](OpType type, size_t bytes) {
-      return ucx_backend::path_name(type, ucx_backend::plan(type, bytes, comm), comm);
+      return ucx_backend::path_name(type, bytes, ucx_backend::plan(type, bytes, comm), comm);
     };
     const auto paths = paths_json<nlohmann::json>(name, size, {comm.shm_max_bytes});
     const std::vector<size_t> counts = byte_counts(size);
@@ -158,7 +158,7 @@ TEST(PathTable, TwoRankPlansKeepTheBackendsPaths) {
   const ucx_backend::UcxShape comm{2, ucx_backend::kShmMaxBytes, true};
   const auto ucx = paths_json<nlohmann::json>(
       [&](OpType type, size_t bytes) {
-        return ucx_backend::path_name(type, ucx_backend::plan(type, bytes, comm), comm);
+        return ucx_backend::path_name(type, bytes, ucx_backend::plan(type, bytes, comm), comm);
       },
       2, {comm.shm_max_bytes});
   EXPECT_EQ(ucx.at("all_reduce").dump(),
@@ -166,7 +166,7 @@ TEST(PathTable, TwoRankPlansKeepTheBackendsPaths) {
   EXPECT_EQ(ucx.at("broadcast").dump(),
             R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":16384,"path":"shm"},{"max_bytes":65535,"path":"sync broadcast from root"},{"max_bytes":null,"path":"direct copies: root and receivers split"}])");
   EXPECT_EQ(ucx.at("all_gather").dump(),
-            R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":16384,"path":"shm"},{"max_bytes":32768,"path":"sync exchange"},{"max_bytes":null,"path":"direct copies: each rank reads every peer's block"}])");
+            R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":8191,"path":"shm"},{"max_bytes":null,"path":"direct copies: each rank reads every peer's block"}])");
   EXPECT_EQ(ucx.at("barrier").dump(), R"([{"max_bytes":null,"path":"shm"}])");
   EXPECT_EQ(ucx.at("send").dump(), R"([{"max_bytes":null,"path":"ucp tag send/recv"}])");
 }
@@ -178,7 +178,7 @@ TEST(PathTable, AllReduceOverSeveralHostsIsHierarchicalOutsideTheFlatBand) {
   comm.hierarchical = true;
   const auto ucx = paths_json<nlohmann::json>(
       [&](OpType type, size_t bytes) {
-        return ucx_backend::path_name(type, ucx_backend::plan(type, bytes, comm), comm);
+        return ucx_backend::path_name(type, bytes, ucx_backend::plan(type, bytes, comm), comm);
       },
       4, {ucx_backend::kFlatAcrossHostsMinBytes, ucx_backend::kFlatAcrossHostsMaxBytes});
   const std::string hierarchical = "hierarchical: reduce in each host, all_reduce between hosts, broadcast";
