@@ -9,7 +9,8 @@
 //     pipelined ring (on a transport that sends in place, all_reduce from
 //     kAllReduceDirectMinSegmentBytes per segment: direct copies where every
 //     rank copies directly with every other, as UCX's ranks on one host;
-//     the ring where not);
+//     the ring where not; reduce_scatter likewise from that size per
+//     block, each rank reducing only its own);
 //   all_gather on such a transport from kAllGatherDirectMinBytes per rank,
 //     whether or not the exchange would fit: direct copies (or, where some
 //     rank does not copy directly, the exchange or the ring by size);
@@ -122,6 +123,9 @@ constexpr Algorithm algorithm_for(plugin::OpType type, size_t bytes, int size, b
       if (type == plugin::OpType::kAllReduce && in_place && all_reduce_may_copy_directly(bytes, size)) {
         return Algorithm::kDirectCopies;
       }
+      if (type == plugin::OpType::kReduceScatter && in_place && bytes >= kAllReduceDirectMinSegmentBytes) {
+        return Algorithm::kDirectCopies;  // its block is all_reduce's segment
+      }
       return Algorithm::kPipelinedRing;
     case plugin::OpType::kAllToAll:
     case plugin::OpType::kGather:
@@ -155,6 +159,7 @@ constexpr std::string_view algorithm_name(plugin::OpType type, Algorithm a) {
       switch (type) {
         case plugin::OpType::kBroadcast: return "direct copies: root and receivers split";
         case plugin::OpType::kAllGather: return "direct copies: each rank reads every peer's block";
+        case plugin::OpType::kReduceScatter: return "direct copies: each rank reduces its block";
         default: return "direct copies: each rank reduces its segment";
       }
     case Algorithm::kBroadcast: return "sync broadcast from root";
@@ -165,8 +170,8 @@ constexpr std::string_view algorithm_name(plugin::OpType type, Algorithm a) {
 }
 
 // What kDirectCopies runs where some pair does not copy directly: the
-// broadcast's pieces, the all_reduce's ring, and the all_gather's exchange
-// or ring by size. `bytes` and `size` as algorithm_for's.
+// broadcast's pieces, the all_reduce's and reduce_scatter's ring, and the
+// all_gather's exchange or ring by size. `bytes` and `size` as algorithm_for's.
 constexpr Algorithm fallback_of(plugin::OpType type, Algorithm a, size_t bytes, int size) {
   if (a != Algorithm::kDirectCopies) return a;
   if (type == plugin::OpType::kBroadcast) return Algorithm::kBroadcast;

@@ -187,6 +187,31 @@ bool Collectives::all_gather_direct(const Op& op, const void* in, void* out, siz
   return true;
 }
 
+// Each rank reduces its own block out of the peers' inputs, read in
+// kAllReduceDirectChunkBytes chunks straight out of their memory, as
+// all_reduce_direct does its segment, and writes nothing into peers. In
+// place is safe: a peer's output is its own block, which no rank reads.
+bool Collectives::reduce_scatter_direct(const Op& op, const void* in, void* out, size_t count, size_t es,
+                                        ReduceFn fn) {
+  const size_t bytes = count * es;
+  if (!trade_direct_headers(op, in, out, bytes)) return false;
+  if (staging_.size() < kAllReduceDirectChunkBytes) staging_.resize(kAllReduceDirectChunkBytes);
+  const size_t mine = static_cast<size_t>(rank_) * bytes;
+  auto* in_bytes = static_cast<const unsigned char*>(in) + mine;
+  auto* out_bytes = static_cast<unsigned char*>(out);
+  const size_t chunk = kAllReduceDirectChunkBytes / es * es;
+  for (size_t off = 0; off < bytes; off += chunk) {
+    const size_t len = std::min(chunk, bytes - off);
+    for (int k = 1; k < size_; ++k) {
+      const int q = (rank_ + k) % size_;
+      t_.read_direct(q, staging_.data(), peer_headers_[static_cast<size_t>(q)].in + mine + off, len, op.deadline);
+      fn(out_bytes + off, k == 1 ? in_bytes + off : out_bytes + off, staging_.data(), len / es);
+    }
+  }
+  end_direct(op);
+  return true;
+}
+
 // Alike on every rank: direct_possible is alike on both ends of a pair, and
 // UCX's (one host) is transitive; every rank sees every header.
 bool Collectives::trade_direct_headers(const Op& op, const void* in, void* out, size_t bytes) {
@@ -247,6 +272,7 @@ void Collectives::all_gather(Algorithm a, const void* in, void* out, size_t byte
 void Collectives::reduce_scatter(Algorithm a, const void* in, void* out, size_t count, size_t es, ReduceFn fn) {
   const Op op(*this);
   const size_t bytes = count * es;
+  if (a == Algorithm::kDirectCopies && reduce_scatter_direct(op, in, out, count, es, fn)) return;
   if (a != Algorithm::kExchange) {
     // Segment k is rank k's block.
     return ring_reduce_scatter(op, in, out, Layout(count * static_cast<size_t>(size_), es, size_, kRingPieceBytes), fn);

@@ -15,10 +15,10 @@
 //    pieces are sent in place there); a reduce-scatter and/or an all-gather
 //    move one piece per step, so reducing a piece overlaps the neighbours'
 //    transfers. Every element is reduced once, then gathered;
-//  - kDirectCopies (all_reduce, all_gather and broadcast on a transport
+//  - kDirectCopies (all_reduce, all_gather, reduce_scatter and broadcast on a transport
 //    that sends in place, by size): ranks trade headers and copy straight
 //    between their buffers where both ends copy directly; else the ring
-//    (all_reduce, all_gather) or pieces (broadcast);
+//    (all_reduce, all_gather, reduce_scatter) or pieces (broadcast);
 //  - kBroadcast: the root sends to every rank;
 //  - kBarrier: a token from every rank to every other.
 //
@@ -117,6 +117,9 @@ class Collectives {
   // An all_gather of kAllGatherDirectMinBytes per rank on an in-place
   // transport; false as all_reduce_direct's.
   bool all_gather_direct(const Op& op, const void* in, void* out, size_t bytes);
+  // A reduce_scatter of kAllReduceDirectMinSegmentBytes per block beyond
+  // the exchange, on an in-place transport; false as all_reduce_direct's.
+  bool reduce_scatter_direct(const Op& op, const void* in, void* out, size_t count, size_t es, ReduceFn fn);
   // Sends every peer this rank's header and reads theirs into
   // peer_headers_: true when every rank copies directly with every peer
   // and all passed `bytes`. A direct op ends with end_direct(): a token to

@@ -433,6 +433,40 @@ TEST(CpuAlgorithms, LargeAllGatherCopiesDirectlyOnlyWhenEveryRankCan) {
   }
 }
 
+// Beyond the exchange, from kAllReduceDirectMinSegmentBytes per block, when
+// every rank copies directly with every other, each rank reduces its block
+// out of the peers' inputs (in place: its output is its own input block);
+// one rank that cannot makes every rank take the ring.
+TEST(CpuAlgorithms, LargeReduceScatterCopiesDirectlyOnlyWhenEveryRankCan) {
+  const size_t count = kAllReduceDirectChunkBytes / 4 + 4099;  // per block, int32: over one chunk
+  for (int n : {2, 3, 4}) {
+    for (int refusing : {-1, 1}) {
+      for (bool same : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "size " << n << " refusing " << refusing << " in-place " << same);
+        std::vector<bool> direct(static_cast<size_t>(n), true);
+        if (refusing >= 0) direct[static_cast<size_t>(refusing)] = false;
+        int copies = 0;
+        run_ranks(
+            n,
+            [n, count, same](int r, Planned& c) {
+              std::vector<int32_t> in(count * static_cast<size_t>(n)), out(count, -1);
+              for (size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
+              int32_t* dst = same ? in.data() + static_cast<size_t>(r) * count : out.data();
+              c.reduce_scatter(in.data(), dst, count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum));
+              for (size_t i = 0; i < count; ++i) {
+                int32_t want = 0;
+                for (int q = 0; q < n; ++q) want += value(q, static_cast<size_t>(r) * count + i);
+                ASSERT_EQ(dst[i], want) << "rank " << r << " element " << i;
+              }
+            },
+            10s, true, true, direct, &copies);
+        if (refusing >= 0) EXPECT_EQ(copies, 0) << "the ring, on every rank";
+        else EXPECT_EQ(copies, n * (n - 1) * 2) << "two chunks read from every peer on every rank";
+      }
+    }
+  }
+}
+
 TEST(CpuAlgorithms, AWaitForAPeerThatNeverSendsEndsAtTheDeadlineNamingThePeer) {
   run_ranks(
       2,
@@ -532,6 +566,12 @@ TEST(CpuAlgorithms, TheExchangeAndTheRingSplitWhereAlgorithmForSays) {
   EXPECT_EQ(fallback_of(OpType::kAllGather, Algorithm::kDirectCopies, kAllGatherDirectMinBytes, 2), Algorithm::kExchange);
   EXPECT_EQ(fallback_of(OpType::kAllGather, Algorithm::kDirectCopies, kExchangeMaxBytes, 2), Algorithm::kPipelinedRing);
   EXPECT_EQ(fallback_of(OpType::kAllReduce, Algorithm::kDirectCopies, 64u << 20, 2), Algorithm::kPipelinedRing);
+  // reduce_scatter copies directly beyond the exchange, from all_reduce's segment size per block.
+  EXPECT_EQ(algorithm_for(OpType::kReduceScatter, kExchangeMaxBytes / 2, 2, true), Algorithm::kExchange);
+  EXPECT_EQ(algorithm_for(OpType::kReduceScatter, kExchangeMaxBytes / 2 + 1, 2, true), Algorithm::kDirectCopies);
+  EXPECT_EQ(algorithm_for(OpType::kReduceScatter, kAllReduceDirectMinSegmentBytes - 1, 4, true),
+            Algorithm::kPipelinedRing);
+  EXPECT_EQ(algorithm_for(OpType::kReduceScatter, kExchangeMaxBytes / 2 + 1, 2), Algorithm::kPipelinedRing);
 }
 
 
