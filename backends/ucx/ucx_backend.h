@@ -21,9 +21,11 @@ namespace comms::ucx_backend {
 inline constexpr const char* kHintKeys[] = {"tls", "rndv_thresh", "busy_poll", "zero_copy_min_bytes", nullptr};
 
 // The zero-copy path (zero_copy.h) takes ops of at least this many bytes
-// per rank. Rule: below it the path's three exchanges through the segment
-// cost more than they save, and an op whose buffers are not host-shared
-// pays the first exchange for nothing.
+// per rank. Rule: an op whose buffers are not all host-shared pays one
+// exchange through the segment to learn so; from this size up that is a few
+// percent of its usual path at most, and less the larger the op, while
+// ops on host-shared buffers already run near the floor here
+// (docs/PERFORMANCE.md, "Zero-copy CPU buffers (UCX)").
 inline constexpr size_t kZeroCopyDefaultMinBytes = 256 * 1024;
 
 // Spin before sleeping on the worker's event fd, when ranks on the host do
