@@ -79,7 +79,7 @@ class UcxBackend final : public cpu_algorithms::CpuBackend {
   std::unique_ptr<ShmCollectives> shm_;  // small collectives when every rank is on this host
   std::unique_ptr<ZeroCopy> zero_copy_;  // on shm_: ops on host-shared buffers
   // For describe(), which may run on any thread, during finalize too.
-  bool zero_copy_on_ = false;
+  std::atomic<bool> zero_copy_on_{false};
   std::atomic<uint64_t> zero_copy_ops_{0};
   std::unique_ptr<cpu_algorithms::Hierarchical> hierarchical_;  // when the ranks span hosts
   std::unique_ptr<UcxWindows> windows_;  // connects at the first register_window
