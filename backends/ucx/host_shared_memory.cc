@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -24,6 +25,8 @@ struct Registry {
   std::mutex mu;
   std::map<uintptr_t, Allocation> by_base;
 };
+
+std::atomic<uint64_t> released{0};
 
 Registry& registry() {
   static Registry* r = new Registry;  // outlives every static destructor that may free into it
@@ -77,6 +80,7 @@ Status release(void* ptr) {
     a = it->second;
     r.by_base.erase(it);
   }
+  released.fetch_add(1, std::memory_order_relaxed);
   // Peers' mappings keep the pages alive until they unmap; nothing of this
   // process refers to them any more.
   const bool unmapped = munmap(ptr, a.bytes) == 0;
@@ -104,6 +108,8 @@ size_t live_allocations() {
   std::lock_guard<std::mutex> lock(r.mu);
   return r.by_base.size();
 }
+
+uint64_t releases() { return released.load(std::memory_order_relaxed); }
 
 void* map_peer(int pid, const Location& where, std::string* why_not) {
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(where.fd);

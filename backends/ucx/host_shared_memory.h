@@ -44,6 +44,10 @@ Status release(void* ptr);
 std::optional<Location> find(const void* data, size_t bytes);
 // Allocations live in this process.
 size_t live_allocations();
+// Allocations this process has released so far. A peer that caches
+// mappings of this process's memory drops them once it sees this move, so
+// that freed memory is not kept alive by its mappings.
+uint64_t releases();
 
 // Maps a peer's allocation (pid: the owner, on this host). Returns its
 // base, or null with *why_not saying why (the peer's process is gone, the

@@ -341,6 +341,25 @@ void ShmCollectives::barrier(Deadline& deadline) {
   exchange(nullptr, 0, 0, deadline);
 }
 
+void ShmCollectives::exchange_records(const void* record, size_t record_bytes, size_t op_bytes, void* all,
+                                      Deadline& deadline) {
+  if (record_bytes > kShmMaxBytes) throw std::logic_error("a record larger than a shared-memory slot");
+  const uint64_t k = exchange(record, record_bytes, op_bytes, deadline);
+  Reading reading(*this, k, false);
+  check_lengths(k, op_bytes);
+  auto* out = static_cast<unsigned char*>(all);
+  for (int r = 0; r < size_; ++r) {
+    std::memcpy(out + static_cast<size_t>(r) * record_bytes, slot(r, k) + kHeaderBytes, record_bytes);
+  }
+  reading.finish();
+  ring_if_sleepers();  // this rank goes on to work, not to a wait: wake whoever sleeps on its record now
+}
+
+void ShmCollectives::sync(Deadline& deadline) {
+  barrier(deadline);
+  ring_if_sleepers();
+}
+
 void ShmCollectives::broadcast(const plugin::OpDesc& op, Deadline& deadline) {
   const uint64_t k = ++ops_;
   const size_t bytes = op.count * element_size(op.dtype);

@@ -70,7 +70,6 @@ class ShmCollectives {
   void abort();
   void set_spin(const UcxSettings& s);
 
- private:
   // The op's timeout counts from the first wait that stops polling (one
   // clock read fewer on an op that never waits long).
   struct Deadline {
@@ -82,6 +81,18 @@ class ShmCollectives {
       return when;
     }
   };
+  // For a path that builds on this segment's ordering and waits (the
+  // zero-copy path, zero_copy.h); each call is one op of this comm's
+  // numbering, so every rank makes the same calls in the same order.
+  // Publishes `record_bytes` (<= kShmMaxBytes) of `record`, waits for every
+  // rank's record of this op and copies them, in rank order, into `all`
+  // (size * record_bytes). op_bytes: the op's bytes per rank; ranks that
+  // disagree get CountMismatch, as on the other paths.
+  void exchange_records(const void* record, size_t record_bytes, size_t op_bytes, void* all, Deadline& deadline);
+  // Returns once every rank has arrived.
+  void sync(Deadline& deadline);
+
+ private:
   struct Bell;
   struct Header;
   struct RankFlags;

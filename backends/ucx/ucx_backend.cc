@@ -19,6 +19,7 @@
 #include "ucx_plan.h"
 #include "ucx_windows.h"
 #include "vector_collectives.h"
+#include "zero_copy.h"
 
 namespace comms::ucx_backend {
 namespace {
@@ -76,6 +77,10 @@ class UcxBackend final : public cpu_algorithms::CpuBackend {
   std::unique_ptr<cpu_algorithms::Collectives> collectives_;
   std::unique_ptr<cpu_algorithms::VectorCollectives> pairwise_;
   std::unique_ptr<ShmCollectives> shm_;  // small collectives when every rank is on this host
+  std::unique_ptr<ZeroCopy> zero_copy_;  // on shm_: ops on host-shared buffers
+  // For describe(), which may run on any thread, during finalize too.
+  std::atomic<bool> zero_copy_on_{false};
+  std::atomic<uint64_t> zero_copy_ops_{0};
   std::unique_ptr<cpu_algorithms::Hierarchical> hierarchical_;  // when the ranks span hosts
   std::unique_ptr<UcxWindows> windows_;  // connects at the first register_window
   UcxShape shape_;  // what plan() reads, fixed at init
@@ -101,8 +106,7 @@ Status UcxBackend::init() {
     direct_copies_ = transport_->direct_text();
     std::vector<int> pids(static_cast<size_t>(init_.size), 0);
     for (int p = 0; p < init_.size; ++p) pids[static_cast<size_t>(p)] = p == init_.rank ? 0 : transport_->pid_of(p);
-    windows_ = std::make_unique<UcxWindows>(init_.rank, init_.size, std::move(pids), transport_.get(), settings_,
-                                            init_.log);
+    windows_ = std::make_unique<UcxWindows>(init_.rank, init_.size, pids, transport_.get(), settings_, init_.log);
     collectives_ = std::make_unique<cpu_algorithms::Collectives>(*transport_, op_timeout());
     pairwise_ = std::make_unique<cpu_algorithms::VectorCollectives>(*transport_);
     if (init_.size > 1 && !settings_.shm) shm_state_ = "off (COMMS_UCX_SHM)";
@@ -111,6 +115,11 @@ Status UcxBackend::init() {
       shm_ = ShmCollectives::create(*transport_, *init_.store, init_.init_timeout, settings_, init_.log);
       shm_state_ = shm_ ? "on, up to " + std::to_string(kShmMaxBytes) + " bytes per rank"
                         : "off (a rank could not map the segment)";
+      if (shm_) {
+        zero_copy_ = std::make_unique<ZeroCopy>(*shm_, init_.rank, std::move(pids), settings_.zero_copy_min_bytes,
+                                                init_.log);
+        zero_copy_on_ = true;
+      }
     }
     if (init_.size > 1 && cpu_algorithms::spans_hosts_with_neighbours(transport_->host_of())) {
       hierarchical_ = std::make_unique<cpu_algorithms::Hierarchical>(*transport_, transport_->host_of());
@@ -134,8 +143,15 @@ Status UcxBackend::init() {
 }
 
 // Runs the op where plan() (ucx_plan.h) says; the one place that decides.
+// Before it, an op the zero-copy path considers asks every rank whether
+// all buffers are host-shared (the plan cannot know), and runs there if so.
 void UcxBackend::run(const plugin::OpDesc& op) {
-  const Plan p = plan(op.type, cpu_algorithms::bytes_of(op), shape_);
+  const size_t bytes = cpu_algorithms::bytes_of(op);
+  if (zero_copy_ && zero_copy_->considers(op.type, bytes) && zero_copy_->run(op)) {
+    zero_copy_ops_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const Plan p = plan(op.type, bytes, shape_);
   switch (p.path) {
     case Path::kShm: shm_->run(op); break;
     case Path::kCollectives:
@@ -220,6 +236,7 @@ void UcxBackend::wake() {
   // The transport fails the running op now.
   if (transport_) transport_->abort();
   if (shm_) shm_->abort();
+  if (zero_copy_) zero_copy_->abort();  // after shm_: its waits now throw, so the op lets go
   if (windows_) windows_->abort();
 }
 
@@ -232,6 +249,7 @@ Status UcxBackend::release() {
   hierarchical_.reset();
   collectives_.reset();
   pairwise_.reset();
+  zero_copy_.reset();  // unmaps the peers' buffers it mapped
   shm_.reset();
   bool flushed = true;
   if (transport_) flushed = transport_->flush(cpu_algorithms::Clock::now() + op_timeout());
@@ -321,6 +339,11 @@ std::string UcxBackend::describe() const {
   j["shm_fifo"] = fifo_text();
   j["shm_collectives"] = shm_state_;
   j["direct_copies"] = direct_copies_;
+  // "ops": the ops this rank ran zero-copy so far (tests and comms-bench read it).
+  j["zero_copy"] = {{"ops", zero_copy_ops_.load(std::memory_order_relaxed)},
+                    {"min_bytes", settings_.zero_copy_min_bytes},
+                    {"state", zero_copy_on_ ? "on, for ops on alloc_backend_memory buffers on every rank"
+                                         : "off (needs the shared-memory collectives)"}};
   j["busy_poll"] = settings_.busy_poll;
   j["spin_us"] = settings_.spin_forever ? -1 : settings_.spin.count();
   j["yield_while_polling"] = settings_.yield;

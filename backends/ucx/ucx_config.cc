@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
+#include <optional>
 
 #include <ucp/api/ucp.h>
 
@@ -47,12 +49,36 @@ Status check_ucx_value(const char* name, const std::string& value, const std::st
   return {};
 }
 
+// "262144", "256K", "1M" (binary units), as a byte count.
+bool parse_bytes(const std::string& text, size_t* out) {
+  size_t i = 0, value = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+    if (value > (SIZE_MAX - 9) / 10) return false;
+    value = value * 10 + static_cast<size_t>(text[i++] - '0');
+  }
+  if (i == 0) return false;
+  int shift = 0;
+  if (i < text.size()) {
+    switch (std::toupper(static_cast<unsigned char>(text[i++]))) {
+      case 'K': shift = 10; break;
+      case 'M': shift = 20; break;
+      case 'G': shift = 30; break;
+      default: return false;
+    }
+  }
+  if (i != text.size() || (shift && value > (SIZE_MAX >> shift))) return false;
+  *out = value << shift;
+  return true;
+}
+
 }  // namespace
 
 Status resolve_settings(const Hints& hints, int local_size, UcxSettings* out) {
   UcxSettings cfg;
   std::string busy_poll = env::get("COMMS_UCX_BUSY_POLL").value_or("auto");
   std::string busy_poll_from = "COMMS_UCX_BUSY_POLL";
+  std::optional<std::string> zero_copy = env::get("COMMS_UCX_ZERO_COPY_MIN_BYTES");
+  std::string zero_copy_from = "COMMS_UCX_ZERO_COPY_MIN_BYTES";
   for (const auto& [k, v] : hints) {
     if (k == "tls") {
       // Hint strings separate hints with commas: "sm+self" stands for UCX's "sm,self".
@@ -63,9 +89,18 @@ Status resolve_settings(const Hints& hints, int local_size, UcxSettings* out) {
     else if (k == "busy_poll") {
       busy_poll = v;
       busy_poll_from = "hint ucx.busy_poll";
+    } else if (k == "zero_copy_min_bytes") {
+      zero_copy = v;
+      zero_copy_from = "hint ucx.zero_copy_min_bytes";
     } else {
-      return {ErrorCode::kInvalidArgument, "unknown ucx hint '" + k + "' (known: tls, rndv_thresh, busy_poll)"};
+      return {ErrorCode::kInvalidArgument,
+              "unknown ucx hint '" + k + "' (known: tls, rndv_thresh, busy_poll, zero_copy_min_bytes)"};
     }
+  }
+  cfg.zero_copy_min_bytes = kZeroCopyDefaultMinBytes;
+  if (zero_copy && !parse_bytes(*zero_copy, &cfg.zero_copy_min_bytes)) {
+    return {ErrorCode::kInvalidArgument, zero_copy_from + "='" + *zero_copy +
+                                             "' is not a byte count; use digits with an optional K, M or G (1024-based)"};
   }
   if (hints.count("tls")) {
     Status s = check_ucx_value("TLS", cfg.tls, "ucx.tls");

@@ -45,6 +45,7 @@ struct UcxSettings {
   bool yield = false;                         // sched_yield between polls, once past yield_after
   std::chrono::microseconds yield_after{0};   // poll without yielding this long first
   bool shm = true;                            // COMMS_UCX_SHM: the shared-memory collectives
+  size_t zero_copy_min_bytes = 0;             // the zero-copy path's smallest op per rank (zero_copy.h)
 };
 
 // How a wait loop spends the time between checks of what it waits for:

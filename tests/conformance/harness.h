@@ -35,6 +35,9 @@ struct SuiteOptions {
   std::chrono::milliseconds case_timeout{120000};
   bool stand_in_device = false;  // --device cuda on host memory (the suite's own test)
   bool backend_memory = false;   // --backend-memory: cpu buffers from the comm's allocator
+  // --expect-zero-copy: every case of an op the UCX zero-copy path runs
+  // must raise the count its backend's describe() gives under "zero_copy".
+  bool expect_zero_copy = false;
 };
 
 // A typed buffer on the suite's memory, staged on the host. On cpu the host

@@ -202,6 +202,20 @@ class Suite {
     double seconds = 0;  // on this rank
   };
 
+  // The ops the UCX zero-copy path runs (zero_copy_kernels.h), by the op
+  // part of a case's name ("<shape>/<op>/...").
+  static bool zero_copy_op(const std::string& case_name) {
+    const size_t a = case_name.find('/'), b = case_name.find('/', a + 1);
+    const std::string op = case_name.substr(a + 1, b - a - 1);
+    return op == "all_reduce" || op == "reduce" || op == "reduce_scatter" || op == "all_gather" || op == "broadcast";
+  }
+  // -1 where the backend reports no such count.
+  static int64_t zero_copy_ops(const Comm& comm) {
+    const auto j = nlohmann::json::parse(comm.describe(), nullptr, false);
+    const nlohmann::json::json_pointer at("/backends/cpu/config/zero_copy/ops");
+    return !j.is_discarded() && j.contains(at) && j.at(at).is_number() ? j.at(at).get<int64_t>() : -1;
+  }
+
   void run_one(Case& c, Comm* comm) {
     Pending p{{c.name, c.group, "", c.skip_reason}, 0, "", 0};
     const auto t0 = std::chrono::steady_clock::now();
@@ -210,6 +224,8 @@ class Suite {
       CaseContext cx{*comm, check, options_, *world_, memory_};
       std::vector<Comm*> targets = {comm};
       if (comm != world_.get()) targets.push_back(world_.get());
+      const bool zero_copy = options_.expect_zero_copy && comm->size() >= 2 && zero_copy_op(c.name);
+      const int64_t zero_copy_before = zero_copy ? zero_copy_ops(*comm) : 0;
       watchdog_.arm(targets, options_.case_timeout);
       try {
         c.body(cx);
@@ -228,6 +244,13 @@ class Suite {
       if (watchdog_.disarm()) {
         check.fail("case exceeded its time limit of " + std::to_string(options_.case_timeout.count() / 1000) +
                    " s; its comms were aborted");
+      }
+      if (zero_copy && !check.failed()) {
+        const int64_t after = zero_copy_ops(*comm);
+        if (after <= zero_copy_before) {
+          check.fail("no op of the case ran zero-copy: describe()'s backends.cpu.config.zero_copy.ops stayed at " +
+                     std::to_string(after));
+        }
       }
       p.flags |= kRanBit;
       if (check.failed()) {
@@ -627,6 +650,10 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", options.quick, "fewer counts and roots");
   app.add_flag("--backend-memory", options.backend_memory,
                "every cpu buffer from the comm's allocator (alloc_backend_memory), for a backend that has one");
+  app.add_flag("--expect-zero-copy", options.expect_zero_copy,
+               "with --backend-memory on cpu:ucx: each case of all_reduce, reduce, reduce_scatter, all_gather "
+               "and broadcast on 2+ ranks must run ops zero-copy (describe()'s zero_copy.ops rises; set "
+               "COMMS_UCX_ZERO_COPY_MIN_BYTES=0 so every size qualifies)");
   app.add_option("--json", options.json_path,
                  "also write the results as JSON to FILE (rank 0); '-': stdout, which then carries the JSON alone "
                  "(the report goes to stderr)");

@@ -19,6 +19,11 @@
 //          the others put to it after it died: all get peer_failure naming it.
 //          FAULT_WINDOW_MEMORY=backend: the window and the source come from
 //          the comm's allocator (alloc_backend_memory).
+//   zero-copy-kill  every rank runs 16 MiB all_reduces on buffers from the
+//          comm's allocator (the UCX zero-copy path); after the first op the
+//          last rank SIGKILLs itself from a second thread, while ops run:
+//          the others must get peer_failure naming it. Each survivor first
+//          prints "ZEROCOPY rank <r> ops <n>": what describe() counted.
 //   abort-peer sync|async  rank 1 aborts its comm (and lives on) while the
 //          others wait for it in an all_to_all: on the sync mesh (the CPU
 //          algorithms read each peer's socket) or, given a timeout of its
@@ -36,6 +41,8 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "comms/comms.h"
 
@@ -136,6 +143,37 @@ int main(int argc, char** argv) {
     try {
       for (int i = 0; i < 100; ++i) world->all_reduce(BufferView::of(x), ReduceOp::sum());
     } catch (const Error& e) {
+      return report(e, start);
+    }
+    std::printf("no error on rank %d\n", world->rank());
+    return 0;
+  }
+  if (mode == "zero-copy-kill") {
+    constexpr size_t kBytes = 16 << 20;
+    const size_t n = kBytes / sizeof(float);
+    // Released by the process's exit.
+    auto* in = static_cast<float*>(alloc_backend_memory(*world, Device::cpu(), kBytes));
+    auto* out = static_cast<float*>(alloc_backend_memory(*world, Device::cpu(), kBytes));
+    for (size_t i = 0; i < n; ++i) in[i] = 1.0f;
+    const BufferView vin{in, n, DataType::kFloat32}, vout{out, n, DataType::kFloat32};
+    world->all_reduce(vin, vout, ReduceOp::sum());
+    std::thread killer;
+    if (world->rank() == last) {
+      killer = std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        raise(SIGKILL);
+      });
+    }
+    auto start = Clock::now();
+    try {
+      for (int i = 0; i < 100000; ++i) {
+        start = Clock::now();
+        world->all_reduce(vin, vout, ReduceOp::sum());
+      }
+    } catch (const Error& e) {
+      const auto config = nlohmann::json::parse(world->describe())["backends"]["cpu"]["config"];
+      std::printf("ZEROCOPY rank %d ops %lld\n", world->rank(),
+                  static_cast<long long>(config["zero_copy"]["ops"].get<int64_t>()));
       return report(e, start);
     }
     std::printf("no error on rank %d\n", world->rank());

@@ -198,6 +198,33 @@ TEST(UcxFaults, APeerKilledMidOpGivesPeerFailureOrTimeoutOnEveryOtherRankWellWit
 
 TEST(UcxFaults, APeerKilledMidOpIsReportedOnTheUcxPathToo) { expect_killed_peer_reported("0"); }
 
+// Killed while every rank reads and writes the others' mapped buffers: the
+// survivors finish their share on the dead rank's memory (still mapped)
+// and their wait for it fails naming it, long before the op timeout.
+TEST(UcxFaults, APeerKilledMidZeroCopyOpGivesPeerFailureNamingIt) {
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "10", "--", FAULT_HELPER, "zero-copy-kill"},
+               {{"COMMS_OP_TIMEOUT", "120s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 60s);
+  ASSERT_NE(p.status, -1) << p.output;
+  EXPECT_NE(p.output.find("signal 9"), std::string::npos) << p.output;
+  const std::regex re(R"(FAULT rank (\d+) code (\w+) after_ms \d+ comm \S+ op (\S+) seq \d+ peer (-?\d+))");
+  int reported = 0;
+  for (auto it = std::sregex_iterator(p.output.begin(), p.output.end(), re); it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    ++reported;
+    EXPECT_EQ(m[2], "peer_failure") << m[0] << "\n" << p.output;
+    EXPECT_EQ(m[3], "all_reduce") << m[0];
+    EXPECT_EQ(m[4], "2") << m[0];
+  }
+  EXPECT_EQ(reported, 2) << p.output;
+  // The ops before the kill took the zero-copy path.
+  std::smatch m;
+  for (const char* rank : {"0", "1"}) {
+    ASSERT_TRUE(std::regex_search(p.output, m, std::regex(std::string("ZEROCOPY rank ") + rank + R"( ops (\d+))")))
+        << p.output;
+    EXPECT_GE(std::stoll(m[1]), 1) << p.output;
+  }
+}
+
 TEST(UcxFaults, APeerThatSkipsAnOpMakesTheOthersTimeOutWithinTheOpTimeout) {
   auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", FAULT_HELPER, "skip"},
                {{"COMMS_OP_TIMEOUT", "2s"}, {"FAULT_BACKEND", "cpu:ucx"}}, 50s);

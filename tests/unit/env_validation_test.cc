@@ -118,9 +118,13 @@ const std::map<std::string, Decision>& decisions() {
 #if UCX_PLUGIN_BUILT
       {"COMMS_UCX_BUSY_POLL", {Malformed{"COMMS_UCX_BUSY_POLL", "sometimes", {{"COMMS_BACKEND", "cpu:ucx"}}}}},
       {"COMMS_UCX_SHM", {Malformed{"COMMS_UCX_SHM", "sometimes", {{"COMMS_BACKEND", "cpu:ucx"}}}}},
+      {"COMMS_UCX_ZERO_COPY_MIN_BYTES",
+       {Malformed{"COMMS_UCX_ZERO_COPY_MIN_BYTES", "1X", {{"COMMS_BACKEND", "cpu:ucx"}}}}},
 #else
       {"COMMS_UCX_BUSY_POLL", {std::nullopt, "read only by the UCX plugin, which this build lacks (no libucx-dev)"}},
       {"COMMS_UCX_SHM", {std::nullopt, "read only by the UCX plugin, which this build lacks (no libucx-dev)"}},
+      {"COMMS_UCX_ZERO_COPY_MIN_BYTES",
+       {std::nullopt, "read only by the UCX plugin, which this build lacks (no libucx-dev)"}},
 #endif
       {"COMMS_NCCL_NET_NAMES", {std::nullopt, "names of NCCL net plugins: any comma-separated names are accepted; "
                                               "they only widen what the nccl.net_name hint accepts"}},

@@ -22,4 +22,10 @@ std::string BackendPaths::path(std::string_view op, size_t bytes_per_rank) const
   return {};
 }
 
+std::optional<int64_t> zero_copy_ops(const nlohmann::json& described, DeviceType device) {
+  const nlohmann::json::json_pointer at("/backends/" + std::string(to_string(device)) + "/config/zero_copy/ops");
+  if (!described.contains(at) || !described.at(at).is_number_integer()) return std::nullopt;
+  return described.at(at).get<int64_t>();
+}
+
 }  // namespace comms::bench

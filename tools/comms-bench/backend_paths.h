@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -32,5 +34,10 @@ class BackendPaths {
  private:
   nlohmann::json paths_;
 };
+
+// The ops the backend serving `device` ran on its zero-copy path so far,
+// where its describe() counts them (cpu:ucx: config.zero_copy.ops): a row
+// that ran every op there says so in the column (-R 1).
+std::optional<int64_t> zero_copy_ops(const nlohmann::json& described, DeviceType device);
 
 }  // namespace comms::bench

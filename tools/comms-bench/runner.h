@@ -74,6 +74,8 @@ class Bench {
   // other ranks sleep on the store (no rank's poll steals a core from the
   // floor's threads); every rank returns its p50 and p99.
   std::pair<double, double> floor_p50_p99(const Shape& s);
+  // -R 1: what the backend counted on its zero-copy path (backend_paths.h).
+  std::optional<int64_t> zero_copy_ops() const;
   // Combines each iteration's time over the ranks as -a says.
   void combine_over_ranks(std::vector<double>& times) const;
   // Checks the output against the closed form for the values fill() wrote.

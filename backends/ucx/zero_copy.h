@@ -1,0 +1,90 @@
+// Zero-copy collectives on host-shared buffers (host_shared_memory.h): when
+// every rank's buffers of an op lie in memory from alloc_backend_memory,
+// each rank maps its peers' buffers and runs its share of the op on them
+// (cpu_algorithms/zero_copy_kernels.h): it reads its slice of every input
+// and writes the result straight into every output. Every byte crosses
+// memory once, as in comms-bench's floor; no kernel copy, no bounce.
+//
+// Per op, through the shared-memory segment's slots and waits
+// (shm_collectives.h), so every rank decides alike:
+//   1. every rank publishes where its buffers lie (or that they are not
+//      host-shared) and its count of released allocations;
+//   2. if any rank's buffer is not host-shared, every rank returns false
+//      and the op takes its usual path; else each rank maps what it lacks
+//      and publishes whether that worked (a failed mapping is a fall-back
+//      too, before anyone has written anything);
+//   3. each rank runs its share, then waits for every other: an op returns
+//      only once no rank reads its input or writes its output any more.
+// A peer that dies meanwhile fails the waits with kPeerFailure naming it;
+// its memory stays mapped, so a rank in the middle of its share finishes it.
+//
+// Mappings are cached per (rank, inode) and dropped when that rank's count
+// of released allocations moved (its freed memory is not kept alive here),
+// and all of them on finalize and offload (the destructor) and on abort.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "comms/plugin.h"
+#include "shm_collectives.h"
+
+namespace comms::ucx_backend {
+
+class ZeroCopy {
+ public:
+  // pids: every rank's process id (this rank's unused). min_bytes: the
+  // smallest op (bytes per rank, cpu_algorithms::bytes_of) this path
+  // considers; the same on every rank.
+  ZeroCopy(ShmCollectives& shm, int rank, std::vector<int> pids, size_t min_bytes, LogFn log);
+  ~ZeroCopy();
+  ZeroCopy(const ZeroCopy&) = delete;
+  ZeroCopy& operator=(const ZeroCopy&) = delete;
+
+  // Whether an op of this type and size goes through run(): the same
+  // answer on every rank that passed the same count.
+  bool considers(plugin::OpType type, size_t bytes) const { return bytes >= min_bytes_ && bytes != 0 && kernel(type); }
+  // Runs op zero-copy and returns true, or returns false having touched no
+  // buffer when some rank's buffers are not host-shared (every rank then
+  // returns false). Throws as ShmCollectives::run does.
+  bool run(const plugin::OpDesc& op);
+  // From any thread, after ShmCollectives::abort(): unmaps every peer's
+  // buffer once the running op (whose waits now throw) lets go, within
+  // 200 ms; the comm is broken, so no op maps again.
+  void abort();
+
+
+ private:
+  struct Mapping {
+    uint64_t inode;
+    unsigned char* base;
+    size_t bytes;
+  };
+  struct Peer {
+    int pid = 0;
+    uint64_t releases_seen = 0;
+    std::vector<Mapping> mappings;
+  };
+  struct Record;
+  static bool kernel(plugin::OpType type);
+  // A peer's buffer at `where`, mapped now or earlier; null (logged) when
+  // mapping fails.
+  unsigned char* map(int peer, const Record& r, bool output);
+  void drop_mappings(Peer& p);
+
+  ShmCollectives& shm_;
+  const int rank_, size_;
+  const size_t min_bytes_;
+  LogFn log_;
+  std::mutex mu_;  // held by run(): abort() unmaps only between ops
+  bool aborted_ = false;
+  std::vector<Peer> peers_;
+  // Per op, kept to spare the allocations.
+  std::vector<Record> records_;
+  std::vector<const void*> inputs_;
+  std::vector<void*> outputs_;
+};
+
+}  // namespace comms::ucx_backend
