@@ -227,8 +227,9 @@ _fsdp_runs = {}
 
 def fsdp(allocate_from_group):
     """Three SGD steps of an MLP under FSDP2 on the CPU world mesh, once per
-    setting: the losses, the full parameters, and the zero-copy ops it took
-    (None where describe() shows none)."""
+    setting: the losses, the full parameters, the zero-copy ops it took (None
+    where describe() shows none) and how many tensors it allocated through
+    the group."""
     if allocate_from_group in _fsdp_runs:
         return _fsdp_runs[allocate_from_group]
     from torch.distributed.device_mesh import init_device_mesh
@@ -239,7 +240,8 @@ def fsdp(allocate_from_group):
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=world)
     fully_shard(model, mesh=world)
-    model.set_allocate_memory_from_process_group_for_comm(allocate_from_group)
+    for module in (model[0], model[2], model):  # each holds its own parameter group
+        module.set_allocate_memory_from_process_group_for_comm(allocate_from_group)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
     def ops():
@@ -248,40 +250,56 @@ def fsdp(allocate_from_group):
         except AssertionError:
             return None
 
+    # Counts what FSDP asks the group for (it calls allocate_tensor on the backend).
+    allocated = []
+    inherited = comms.torch.ProcessGroupComms.allocate_tensor
+
+    def counted(backend, size, **kwargs):
+        allocated.append(size)
+        return inherited(backend, size, **kwargs)
+
+    comms.torch.ProcessGroupComms.allocate_tensor = counted
     before, losses = ops(), []
-    for step in range(3):
-        g = torch.Generator().manual_seed(100 * step + dist.get_rank())
-        x, y = torch.randn(8, 256, generator=g), torch.randn(8, 64, generator=g)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
+    try:
+        for step in range(3):
+            g = torch.Generator().manual_seed(100 * step + dist.get_rank())
+            x, y = torch.randn(8, 256, generator=g), torch.randn(8, 64, generator=g)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    finally:
+        del comms.torch.ProcessGroupComms.allocate_tensor  # torch's again
     params = [p.full_tensor().detach() for p in model.parameters()]
     after = ops()
-    _fsdp_runs[allocate_from_group] = (torch.stack(losses), params, None if before is None else after - before)
+    _fsdp_runs[allocate_from_group] = (torch.stack(losses), params, None if before is None else after - before,
+                                       len(allocated))
     return _fsdp_runs[allocate_from_group]
 
 
 def fsdp_with_staging_buffers_from_the_group_trains_alike(rank, size):
-    plain_losses, plain_params, _ = fsdp(False)
-    losses, params, _ = fsdp(True)
+    plain_losses, plain_params, _, plain_allocated = fsdp(False)
+    losses, params, _, allocated = fsdp(True)
+    expect(plain_allocated, 0, "tensors FSDP allocated through the group by default")
+    expect(allocated > 0, True, "tensors FSDP allocated through the group when asked: %d" % allocated)
     expect(same_bits(losses, plain_losses), True, "losses: %s" % first_difference(losses, plain_losses))
     for i, (p, q) in enumerate(zip(params, plain_params)):
         expect(same_bits(p, q), True, "parameter %d: %s" % (i, first_difference(p.flatten(), q.flatten())))
 
 
-def fsdp_all_gathers_in_buffers_from_the_group_take_the_zero_copy_path(rank, size):
+def fsdp_collectives_in_buffers_from_the_group_take_the_zero_copy_path(rank, size):
     zero_copy()  # says what describe() lacks, if it does
     expect(fsdp(False)[2], 0, "zero-copy ops of FSDP with torch's own buffers")
-    # FSDP's all-gather input is a slice of its output, both from allocate_tensor.
+    # FSDP allocates both sides of its all-gathers (the input is a slice of
+    # the output) and reduce-scatters through allocate_tensor.
     expect(fsdp(True)[2] > 0, True, "zero-copy ops of FSDP with buffers from the group: %d" % fsdp(True)[2])
 
 
 UCX_CHECKS = [torch_allocates_cpu_tensors_in_comms_memory, allocated_tensors_give_the_bits_of_ordinary_ones,
               ops_on_allocated_tensors_take_the_zero_copy_path, memory_is_freed_when_torch_frees_the_tensor,
               a_tensor_outlives_the_destroyed_group, fsdp_with_staging_buffers_from_the_group_trains_alike,
-              fsdp_all_gathers_in_buffers_from_the_group_take_the_zero_copy_path]
+              fsdp_collectives_in_buffers_from_the_group_take_the_zero_copy_path]
 
 
 # ---- cpu:gloo ----
