@@ -95,3 +95,20 @@ def test_python_takes_cpu_memory_only():
     with ucx_comm("mem_cuda") as c:
         with pytest.raises(ValueError, match="cpu memory only"):
             comms.alloc_backend_memory(c, "cuda:0", 64)
+
+
+def test_torch_views_it_without_a_copy_and_keeps_it_alive():
+    torch = pytest.importorskip("torch")
+    with ucx_comm("mem_torch") as c:
+        base = comms_memory()
+        mem = comms.alloc_backend_memory(c, "cpu", 4096)
+        t = torch.frombuffer(mem, dtype=torch.float32)
+        assert (t.data_ptr(), t.numel()) == (mem.address, 1024)
+        del mem
+        gc.collect()
+        t.fill_(2.5)
+        c.all_reduce(t)
+        assert t.sum().item() == 2.5 * 1024
+        del t
+        gc.collect()
+        assert comms_memory() == base
