@@ -222,6 +222,16 @@ def a_tensor_outlives_the_destroyed_group(rank, size):
     expect(comms_memfds(), base, "comms memfds once the tensor is gone")
 
 
+def a_tensor_outlives_offload_and_serves_after_reload(rank, size):
+    t = comms.torch.empty(4096, dtype=torch.int64)
+    t.fill_(rank)
+    expect(comms.torch.offload_groups(["cpu"]) >= 1, True, "cpu backends offloaded")
+    t += 10  # still mapped, writable, while no backend exists
+    expect(comms.torch.reload_groups(["cpu"]) >= 1, True, "cpu backends reloaded")
+    dist.all_reduce(t)
+    expect(int(t[-1]), sum(r + 10 for r in range(size)), "all_reduce after the reload")
+
+
 _fsdp_runs = {}
 
 
@@ -298,7 +308,8 @@ def fsdp_collectives_in_buffers_from_the_group_take_the_zero_copy_path(rank, siz
 
 UCX_CHECKS = [torch_allocates_cpu_tensors_in_comms_memory, allocated_tensors_give_the_bits_of_ordinary_ones,
               ops_on_allocated_tensors_take_the_zero_copy_path, memory_is_freed_when_torch_frees_the_tensor,
-              a_tensor_outlives_the_destroyed_group, fsdp_with_staging_buffers_from_the_group_trains_alike,
+              a_tensor_outlives_the_destroyed_group, a_tensor_outlives_offload_and_serves_after_reload,
+              fsdp_with_staging_buffers_from_the_group_trains_alike,
               fsdp_collectives_in_buffers_from_the_group_take_the_zero_copy_path]
 
 
