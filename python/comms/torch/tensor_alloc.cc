@@ -2,10 +2,10 @@
 // (comms::alloc_backend_memory), for FSDP's staging buffers
 // (set_allocate_memory_from_process_group_for_comm) and comms.torch.empty.
 //
-// The storage's deleter holds the comm, not the group: freeing goes through
-// the comm, and the memory is not tied to the comm's lifetime, so a tensor
-// outliving destroy_process_group stays valid and is freed when torch frees
-// it. torch's only memory-pool hook, getMemAllocator with MemPool, is CUDA's
+// The storage's context holds the comm, not the group: freeing goes through
+// the comm object (finalized or not; the memory is not tied to the comm's
+// lifetime), so a tensor outliving destroy_process_group stays valid and is
+// freed when torch frees it. torch's only memory-pool hook, getMemAllocator with MemPool, is CUDA's
 // (and XPU's): it serves torch.cuda.use_mem_pool and nothing allocates CPU
 // tensors through it, so this is not offered as one.
 #include "process_group.h"
@@ -48,7 +48,7 @@ at::Tensor ProcessGroupComms::allocateTensor(long size, at::TensorOptions option
   }
   if (options.layout() != at::kStrided) fail(call, "only strided (dense) tensors can be allocated");
   if (size < 0) fail(call, "size " + std::to_string(size) + " is negative");
-  live(call);
+  comms::Comm& comm = live(call);
   options = options.device(at::kCPU);
   const auto item = static_cast<size_t>(options.dtype().itemsize());
   if (static_cast<size_t>(size) > std::numeric_limits<size_t>::max() / item) {
@@ -59,7 +59,7 @@ at::Tensor ProcessGroupComms::allocateTensor(long size, at::TensorOptions option
   if (size == 0) return at::empty({0}, options);
   const size_t bytes = static_cast<size_t>(size) * item;
   auto owner = std::make_unique<CommMemory>(CommMemory{comm_, nullptr});
-  owner->data = comms::alloc_backend_memory(*comm_, comms::Device::cpu(), bytes);
+  owner->data = comms::alloc_backend_memory(comm, comms::Device::cpu(), bytes);
   c10::DataPtr data(owner->data, owner.get(), &free_comm_memory, at::Device(at::kCPU));
   owner.release();  // the DataPtr owns it now, and frees it once
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(data), /*allocator=*/nullptr,
