@@ -36,6 +36,14 @@ def zero_copy(group=None):
     return cpu["config"]["zero_copy"]
 
 
+def has_zero_copy(group=None):
+    try:
+        zero_copy(group)
+        return True
+    except AssertionError:
+        return False
+
+
 def comms_memfds():
     """comms' UCX allocations open in this process (memfds named comms-ucx,
     backends/ucx/host_shared_memory.cc); peers' memory is mapped, never held open."""
@@ -255,10 +263,7 @@ def fsdp(allocate_from_group):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
     def ops():
-        try:
-            return zero_copy()["ops"]
-        except AssertionError:
-            return None
+        return zero_copy()["ops"] if has_zero_copy() else None
 
     # Counts what FSDP asks the group for (it calls allocate_tensor on the backend).
     allocated = []
@@ -306,11 +311,71 @@ def fsdp_collectives_in_buffers_from_the_group_take_the_zero_copy_path(rank, siz
     expect(fsdp(True)[2] > 0, True, "zero-copy ops of FSDP with buffers from the group: %d" % fsdp(True)[2])
 
 
+_ddp_runs = {}
+
+
+def staged_all_reduce(staging, bucket):
+    """A DDP comm hook: the bucket's average, reduced in a comms.torch.empty
+    tensor kept per bucket (copied in and out; DDP allocates buckets itself)."""
+    grads = bucket.buffer()
+    buf = staging.get(bucket.index())
+    if buf is None or buf.numel() != grads.numel() or buf.dtype != grads.dtype:
+        buf = staging[bucket.index()] = comms.torch.empty(grads.numel(), dtype=grads.dtype)
+    buf.copy_(grads)
+    buf.div_(dist.get_world_size())
+    dist.all_reduce(buf)
+    grads.copy_(buf)
+    done = torch.futures.Future()
+    done.set_result(grads)
+    return done
+
+
+def ddp(staged):
+    """Three SGD steps of an MLP under DDP, with the hook above or torch's own
+    all-reduce: the parameters, the zero-copy ops (None where describe()
+    shows none) and the staging tensors made."""
+    if staged in _ddp_runs:
+        return _ddp_runs[staged]
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(13)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 64)))
+    staging = {}
+    if staged:
+        model.register_comm_hook(staging, staged_all_reduce)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    before = zero_copy()["ops"] if has_zero_copy() else None
+    for step in range(3):
+        g = torch.Generator().manual_seed(300 * step + dist.get_rank())
+        x, y = torch.randn(8, 256, generator=g), torch.randn(8, 64, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    after = zero_copy()["ops"] if has_zero_copy() else None
+    _ddp_runs[staged] = ([p.detach().clone() for p in model.parameters()],
+                         None if before is None else after - before, len(staging))
+    return _ddp_runs[staged]
+
+
+def ddp_buckets_reduced_in_comms_memory_train_alike(rank, size):
+    plain, _, _ = ddp(False)
+    staged, _, buckets = ddp(True)
+    expect(buckets > 0, True, "staging tensors the hook made: %d" % buckets)
+    for i, (p, q) in enumerate(zip(staged, plain)):
+        expect(same_bits(p, q), True, "parameter %d: %s" % (i, first_difference(p.flatten(), q.flatten())))
+
+
+def ddp_buckets_in_comms_memory_take_the_zero_copy_path(rank, size):
+    zero_copy()  # says what describe() lacks, if it does
+    expect(ddp(False)[1], 0, "zero-copy ops of DDP's own all-reduce")
+    expect(ddp(True)[1] > 0, True, "zero-copy ops of DDP's staged all-reduce: %d" % ddp(True)[1])
+
+
 UCX_CHECKS = [torch_allocates_cpu_tensors_in_comms_memory, allocated_tensors_give_the_bits_of_ordinary_ones,
               ops_on_allocated_tensors_take_the_zero_copy_path, memory_is_freed_when_torch_frees_the_tensor,
               a_tensor_outlives_the_destroyed_group, a_tensor_outlives_offload_and_serves_after_reload,
               fsdp_with_staging_buffers_from_the_group_trains_alike,
-              fsdp_collectives_in_buffers_from_the_group_take_the_zero_copy_path]
+              fsdp_collectives_in_buffers_from_the_group_take_the_zero_copy_path,
+              ddp_buckets_reduced_in_comms_memory_train_alike, ddp_buckets_in_comms_memory_take_the_zero_copy_path]
 
 
 # ---- cpu:gloo ----
