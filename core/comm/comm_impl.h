@@ -215,6 +215,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
 
   // ---- registered buffers (registration.cc) ----
   bool can_register(DeviceType t) const;
+  bool can_alloc(DeviceType t) const;  // the plugin has an allocator (alloc_backend_memory)
   std::shared_ptr<internal::Registration> register_buffer(BufferView buffer);
   // Deregisters unless the backend that registered it is gone.
   void deregister_buffer(internal::Registration& r);

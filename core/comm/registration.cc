@@ -144,11 +144,15 @@ RegisteredBuffer register_buffer(Comm& comm, BufferView buffer) {
 
 namespace {
 
+bool plugin_has_allocator(const plugin::PluginDescriptor& d) {
+  return plugin::abi_minor(d.abi_version) >= 2 && (d.features & plugin::kFeatureMemAlloc) != 0 && d.mem_alloc &&
+         d.mem_free;
+}
+
 const plugin::PluginDescriptor& allocator_of(const Comm::Impl& impl, Device device, std::string_view op) {
   const internal::LoadedPlugin& p = impl.plugin_serving(device.type, op);
   const plugin::PluginDescriptor& d = *p.descriptor;
-  if (plugin::abi_minor(d.abi_version) < 2 || !(d.features & plugin::kFeatureMemAlloc) || !d.mem_alloc ||
-      !d.mem_free) {
+  if (!plugin_has_allocator(d)) {
     throw impl.error(ErrorCode::kUnsupported,
                      str::cat(op, ": the ", p.name, " backend for ", to_string(device.type),
                               " has no allocator of its own; allocate the buffer as usual"),
@@ -158,6 +162,15 @@ const plugin::PluginDescriptor& allocator_of(const Comm::Impl& impl, Device devi
 }
 
 }  // namespace
+
+bool Comm::Impl::can_alloc(DeviceType t) const {
+  const DeviceBackend& s = device_backend(t);
+  return s.plugin && plugin_has_allocator(*s.plugin->descriptor);
+}
+
+bool can_alloc_backend_memory(const Comm& comm, DeviceType type) {
+  return internal::CommAccess::impl(comm).can_alloc(type);
+}
 
 void* alloc_backend_memory(const Comm& comm, Device device, size_t bytes) {
   const Comm::Impl& impl = internal::CommAccess::impl(comm);

@@ -62,6 +62,10 @@ COMMS_API bool can_register_buffers(const Comm& comm, DeviceType type);
 // kUnsupported when that backend cannot, kInvalidArgument when the backend
 // is not connected yet (a lazy comm before its first op, or offloaded).
 COMMS_API RegisteredBuffer register_buffer(Comm& comm, BufferView buffer);
+// Whether the comm's backend for `type` has an allocator of its own (NCCL and
+// UCX do; Gloo does not): what alloc_backend_memory would not refuse with
+// kUnsupported.
+COMMS_API bool can_alloc_backend_memory(const Comm& comm, DeviceType type);
 // Memory the backend for `device` prefers (NCCL: ncclMemAlloc; UCX on cpu:
 // host memory every rank of the host maps), to be released with
 // free_backend_memory on the same device. Not tied to the comm's lifetime.

@@ -108,6 +108,8 @@ TEST_F(Registration, ABackendThatCannotRegisterSaysSo) {
     EXPECT_NE(std::string(e.what()).find("gloo backend for cpu cannot register"), std::string::npos)
         << e.what();
   }
+  EXPECT_FALSE(can_alloc_backend_memory(*c, DeviceType::kCpu));
+  EXPECT_FALSE(can_alloc_backend_memory(*c, DeviceType::kCuda));
   try {
     alloc_backend_memory(*c, Device::cuda(0), 64);
     FAIL() << "fakegpu has no allocator";

@@ -12,6 +12,7 @@ shrink, shutdown, abort); nothing of torch is patched.
 """
 import datetime
 import gc
+import math
 import os
 import sys
 
@@ -338,6 +339,23 @@ def register_tensor(tensor, group=None):
     return _comms_backend(group, "register_tensor").register_tensor(tensor)
 
 
+def empty(shape, dtype=None, group=None):
+    """An uninitialised CPU tensor of `shape` in memory from the group's comm
+    (torch's allocate_tensor on its cpu backend): on cpu:ucx memory every rank
+    of the host maps, where collectives on tensors that every rank allocated
+    so take the zero-copy path. Raises comms.Error(code='unsupported') where
+    the backend has no allocator (cpu:gloo; supports_tensor_alloc is False).
+    The memory is freed when torch frees the tensor, also after the group was
+    destroyed."""
+    group = group if group is not None else _c10d._get_default_group()
+    backend = group._get_backend(torch.device("cpu")) if hasattr(group, "_get_backend") else group
+    if not isinstance(backend, ProcessGroupComms):
+        raise ValueError("comms.torch.empty: the group's cpu backend is not 'comms'")
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dtype = dtype if dtype is not None else torch.get_default_dtype()
+    return backend._allocate_tensor(math.prod(shape), dtype).view(shape)
+
+
 def _comms_backend(group, call):
     backend = _backend_of(group if group is not None else _c10d._get_default_group())
     if backend is None:
@@ -356,5 +374,5 @@ def register_backend():
 
 register_backend()
 
-__all__ = ["Options", "ProcessGroupComms", "can_register_tensors", "describe", "destroy_unreferenced_groups",
+__all__ = ["Options", "ProcessGroupComms", "can_register_tensors", "describe", "destroy_unreferenced_groups", "empty",
            "offload_groups", "register_backend", "register_tensor", "reload_groups"]

@@ -104,6 +104,13 @@ PYBIND11_MODULE(_C, m) {
             });
           },
           py::arg("device") = py::none())
+      // torch's allocate_tensor, with comms' errors as comms.Error (torch's
+      // binding of allocate_tensor turns them into RuntimeError).
+      .def("_allocate_tensor",
+           [](ProcessGroupComms& pg, int64_t size, at::ScalarType dtype) {
+             return pg.allocateTensor(size, at::TensorOptions().dtype(dtype).device(at::kCPU));
+           },
+           py::arg("size"), py::arg("dtype"))
       .def("can_register",
            [](ProcessGroupComms& pg, const std::string& type) {
              return comms::can_register_buffers(comm_of(pg), comms::parse_device_type(type));

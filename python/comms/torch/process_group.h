@@ -142,6 +142,13 @@ class ProcessGroupComms final : public c10d::Backend {
   bool supportsWindow() const override;
   c10::intrusive_ptr<c10d::Window> new_window(const std::optional<at::Tensor>& tensor = std::nullopt) override;
 #endif
+  // CPU tensors in the memory of the comm's cpu backend (tensor_alloc.cc):
+  // on cpu:ucx memory every rank of the host maps, where ops take the
+  // zero-copy path. torch names the device by its index alone: a CPU device
+  // has none (-1); an index is a CUDA device, which comms.torch does not
+  // allocate on.
+  bool supportsTensorAlloc(c10::DeviceIndex device_index);
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {});
   bool supportsSplitting() const override { return true; }
   bool supportsCoalescing() const override { return true; }
   bool supportsShrinking() const { return true; }
