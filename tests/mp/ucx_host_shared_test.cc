@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comms/comms.h"
+#include "host_shared_mappings.h"
 
 namespace comms {
 namespace {
@@ -67,12 +68,7 @@ std::string fd_targets() {
 
 // Mappings of the plugin's memfds in this process: its own allocations and
 // the peers' it mapped.
-int shared_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);) n += line.find("/memfd:comms-ucx") != std::string::npos;
-  return n;
-}
+using testing_support::host_shared_mappings;
 
 struct Allocation {
   Comm& comm;
@@ -161,19 +157,19 @@ TEST(UcxHostShared, PeersMapAWindowInAllocatorMemoryAndPutsIntoItLand) {
   constexpr size_t kSlot = 3000;  // not a multiple of anything UCX aligns to
   Allocation src(c, kSlot * size_t(n));
   Allocation win(c, kSlot * size_t(n) + 4096);
-  const int before = shared_mappings();
+  const int before = host_shared_mappings();
   // The window starts inside its allocation: peers add the offset.
   Window w = register_window(c, BufferView{win.data + 4096, kSlot * size_t(n), DataType::kUint8});
-  EXPECT_EQ(shared_mappings(), before + n - 1) << "each peer's window allocation mapped once";
+  EXPECT_EQ(host_shared_mappings(), before + n - 1) << "each peer's window allocation mapped once";
   put_to_everyone(c, w, win.data + 4096, kSlot, src.data);
   // A second window in the same allocation reuses the mappings.
   Window again = register_window(c, BufferView{win.data, 4096, DataType::kUint8});
-  EXPECT_EQ(shared_mappings(), before + n - 1) << "a second window in the same allocations mapped them again";
+  EXPECT_EQ(host_shared_mappings(), before + n - 1) << "a second window in the same allocations mapped them again";
   again.deregister();
-  EXPECT_EQ(shared_mappings(), before + n - 1) << "the first window's mappings went with the second's";
+  EXPECT_EQ(host_shared_mappings(), before + n - 1) << "the first window's mappings went with the second's";
   put_to_everyone(c, w, win.data + 4096, kSlot, src.data);
   w.deregister();
-  EXPECT_EQ(shared_mappings(), before) << "deregistration left peers' memory mapped";
+  EXPECT_EQ(host_shared_mappings(), before) << "deregistration left peers' memory mapped";
 }
 
 TEST(UcxHostShared, DescriptorsAndMappingsStayFlatOverTwentyCycles) {
@@ -189,7 +185,7 @@ TEST(UcxHostShared, DescriptorsAndMappingsStayFlatOverTwentyCycles) {
     r.deregister();
   };
   cycle();  // the windows' UCX worker is made at the first window
-  const int fds = open_fds(), memfds = memfd_fds(), maps = shared_mappings();
+  const int fds = open_fds(), memfds = memfd_fds(), maps = host_shared_mappings();
   const std::string before = fd_targets();
   for (int i = 0; i < 20; ++i) cycle();
   EXPECT_EQ(memfd_fds(), memfds);
@@ -198,7 +194,7 @@ TEST(UcxHostShared, DescriptorsAndMappingsStayFlatOverTwentyCycles) {
   // inside these cycles: that is 4 once. A descriptor leaked per cycle would
   // be 20 or more.
   EXPECT_LE(open_fds(), fds + 4) << "before: " << before << "\nafter: " << fd_targets();
-  EXPECT_EQ(shared_mappings(), maps);
+  EXPECT_EQ(host_shared_mappings(), maps);
 }
 
 TEST(UcxHostShared, OffloadFinalizeAndAbortReleaseThePeersMappings) {
@@ -206,29 +202,23 @@ TEST(UcxHostShared, OffloadFinalizeAndAbortReleaseThePeersMappings) {
   std::vector<int> all(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) all[size_t(r)] = r;
   Allocation win(world(), 4096);
-  const int before = shared_mappings();
+  const int before = host_shared_mappings();
   auto c = world().split(all, "host-shared-life");
   Window w = register_window(*c, win.view());
-  EXPECT_EQ(shared_mappings(), before + n - 1);
+  EXPECT_EQ(host_shared_mappings(), before + n - 1);
   c->offload_backend(DeviceType::kCpu);
-  EXPECT_EQ(shared_mappings(), before) << "after offload";
+  EXPECT_EQ(host_shared_mappings(), before) << "after offload";
   c->reload_backend(DeviceType::kCpu);
   Window again = register_window(*c, win.view());
-  EXPECT_EQ(shared_mappings(), before + n - 1) << "after reload and a new window";
+  EXPECT_EQ(host_shared_mappings(), before + n - 1) << "after reload and a new window";
   c->barrier();
   c->finalize();
-  EXPECT_EQ(shared_mappings(), before) << "after finalize";
+  EXPECT_EQ(host_shared_mappings(), before) << "after finalize";
 
   auto d = world().split(all, "host-shared-abort");
   Window doomed = register_window(*d, win.view());
-  EXPECT_EQ(shared_mappings(), before + n - 1);
-  d->abort("test: a comm with a window in shared memory aborted");
-  EXPECT_EQ(shared_mappings(), before) << "after abort";
-  try {
-    d->finalize();
-  } catch (const Error&) {
-    // An aborted comm may report what it could not release.
-  }
+  EXPECT_EQ(host_shared_mappings(), before + n - 1);
+  testing_support::expect_abort_unmaps(*d, before, "test: a comm with a window in shared memory aborted");
   world().barrier();
 }
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comms/comms.h"
+#include "host_shared_mappings.h"
 
 namespace comms {
 namespace {
@@ -38,12 +39,7 @@ int64_t zero_copy_ops(const Comm& c) {
 
 // Mappings of the plugin's memfds in this process: its own allocations and
 // the peers' it mapped.
-int shared_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);) n += line.find("/memfd:comms-ucx") != std::string::npos;
-  return n;
-}
+using testing_support::host_shared_mappings;
 
 // Floats from the allocator, or plain memory.
 struct Floats {
@@ -135,39 +131,33 @@ TEST(UcxZeroCopy, MappingsOfFreedBuffersGoAtTheNextOp) {
     c.barrier();  // every rank's op is over before any rank frees
   };
   cycle();
-  const int maps = shared_mappings();
+  const int maps = host_shared_mappings();
   const int64_t before = zero_copy_ops(c);
   for (int i = 0; i < 10; ++i) cycle();
   EXPECT_EQ(zero_copy_ops(c), before + 10);
-  EXPECT_EQ(shared_mappings(), maps) << "peers' freed buffers stayed mapped";
+  EXPECT_EQ(host_shared_mappings(), maps) << "peers' freed buffers stayed mapped";
 }
 
 TEST(UcxZeroCopy, OffloadFinalizeAndAbortUnmapThePeersBuffers) {
   const int n = world().size();
   Floats in(world(), kCount, true), out(world(), kCount, true);
-  const int before = shared_mappings();
+  const int before = host_shared_mappings();
   auto c = world().split(all_ranks(world()), "zero-copy-life");
   all_reduce_and_check(*c, in, out, kCount);
-  EXPECT_EQ(shared_mappings(), before + 2 * (n - 1)) << "each peer's input and output mapped once";
+  EXPECT_EQ(host_shared_mappings(), before + 2 * (n - 1)) << "each peer's input and output mapped once";
   c->offload_backend(DeviceType::kCpu);
-  EXPECT_EQ(shared_mappings(), before) << "after offload";
+  EXPECT_EQ(host_shared_mappings(), before) << "after offload";
   c->reload_backend(DeviceType::kCpu);
   all_reduce_and_check(*c, in, out, kCount);
   EXPECT_EQ(zero_copy_ops(*c), 1) << "the reloaded backend counts from 0";
-  EXPECT_EQ(shared_mappings(), before + 2 * (n - 1));
+  EXPECT_EQ(host_shared_mappings(), before + 2 * (n - 1));
   c->finalize();
-  EXPECT_EQ(shared_mappings(), before) << "after finalize";
+  EXPECT_EQ(host_shared_mappings(), before) << "after finalize";
 
   auto d = world().split(all_ranks(world()), "zero-copy-abort");
   all_reduce_and_check(*d, in, out, kCount);
-  EXPECT_EQ(shared_mappings(), before + 2 * (n - 1));
-  d->abort("test: a comm that ran zero-copy aborted");
-  EXPECT_EQ(shared_mappings(), before) << "after abort";
-  try {
-    d->finalize();
-  } catch (const Error&) {
-    // An aborted comm may report what it could not release.
-  }
+  EXPECT_EQ(host_shared_mappings(), before + 2 * (n - 1));
+  testing_support::expect_abort_unmaps(*d, before, "test: a comm that ran zero-copy aborted");
   world().barrier();
 }
 

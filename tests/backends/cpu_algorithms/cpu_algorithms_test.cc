@@ -374,97 +374,85 @@ TEST(CpuAlgorithms, LargeBroadcastCopiesDirectlyWhereBothEndsCanAndSendsElsewher
   EXPECT_EQ(broadcast_direct_share((8u << 20) + 5, 3) % 4096, 0u);
 }
 
-// From kAllReduceDirectMinSegmentBytes per segment, when every rank copies directly with
-// every other, each rank reduces its segment out of the peers' inputs and
-// writes it into their outputs (in and out of place); one rank that cannot
-// makes every rank take the ring.
+// An op whose size takes direct copies, at 2-4 ranks, in and out of place:
+// once with every rank copying directly (the copies counted must be
+// want_copies(n)), once with rank refusing(n) unable to (then no rank may
+// copy: every rank takes the fallback). body(n, in_place) checks values.
+void expect_direct_only_when_every_rank_can(const std::function<std::function<void(int, Planned&)>(int, bool)>& body,
+                                            const std::function<int(int)>& refusing_rank,
+                                            const std::function<int(int)>& want_copies) {
+  for (int n : {2, 3, 4}) {
+    for (int refusing : {-1, refusing_rank(n)}) {
+      for (bool same : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "size " << n << " refusing " << refusing << " in-place " << same);
+        std::vector<bool> direct(static_cast<size_t>(n), true);
+        if (refusing >= 0) direct[static_cast<size_t>(refusing)] = false;
+        int copies = 0;
+        run_ranks(n, body(n, same), 10s, true, true, direct, &copies);
+        if (refusing >= 0) EXPECT_EQ(copies, 0) << "the fallback, on every rank";
+        else EXPECT_EQ(copies, want_copies(n));
+      }
+    }
+  }
+}
+
+// From kAllReduceDirectMinSegmentBytes per segment each rank reduces its
+// segment out of the peers' inputs and writes it into their outputs: a read
+// and a write per peer and chunk.
 TEST(CpuAlgorithms, LargeAllReduceCopiesDirectlyOnlyWhenEveryRankCan) {
   const size_t count = 4 * kAllReduceDirectMinSegmentBytes + 70001;
-  for (int n : {2, 3, 4}) {
-    for (int refusing : {-1, n - 1}) {
-      for (bool same : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "size " << n << " refusing " << refusing << " in-place " << same);
-        std::vector<bool> direct(static_cast<size_t>(n), true);
-        if (refusing >= 0) direct[static_cast<size_t>(refusing)] = false;
-        int copies = 0;
-        run_ranks(
-            n,
-            all_reduce_checked(n, count, same),
-            10s, true, true, direct, &copies);
-        if (refusing >= 0) EXPECT_EQ(copies, 0) << "the ring, on every rank";
-        else EXPECT_GT(copies, 0);
-      }
-    }
-  }
+  expect_direct_only_when_every_rank_can(
+      [count](int n, bool same) { return all_reduce_checked(n, count, same); }, [](int n) { return n - 1; },
+      [count](int n) {
+        const size_t segment = count * 4 / static_cast<size_t>(n);
+        const int chunks = static_cast<int>((segment + kAllReduceDirectChunkBytes - 1) / kAllReduceDirectChunkBytes);
+        return n * (n - 1) * 2 * chunks;
+      });
 }
 
-// From kAllGatherDirectMinBytes, when every rank copies directly with every other,
-// each rank reads every peer's block out of the peer's input (n - 1 reads
-// per rank; in place, the input is the rank's own block of its output);
-// one rank that cannot makes every rank take the ring.
+// From kAllGatherDirectMinBytes each rank reads every peer's block out of
+// the peer's input (in place, the input is the rank's own block of its
+// output): one read per peer.
 TEST(CpuAlgorithms, LargeAllGatherCopiesDirectlyOnlyWhenEveryRankCan) {
-  for (size_t count : {kAllGatherDirectMinBytes / 4 + 3, kExchangeMaxBytes / 4 + 1031})  // per rank, int32
-  for (int n : {2, 3, 4}) {
-    for (int refusing : {-1, 0}) {
-      for (bool same : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "size " << n << " refusing " << refusing << " in-place " << same);
-        std::vector<bool> direct(static_cast<size_t>(n), true);
-        if (refusing >= 0) direct[static_cast<size_t>(refusing)] = false;
-        int copies = 0;
-        run_ranks(
-            n,
-            [n, count, same](int r, Planned& c) {
-              const size_t total = count * static_cast<size_t>(n);
-              std::vector<int32_t> in(count), out(total, -1);
-              int32_t* mine = out.data() + static_cast<size_t>(r) * count;
-              for (size_t i = 0; i < count; ++i) (same ? mine : in.data())[i] = value(r, i);
-              c.all_gather(same ? mine : in.data(), out.data(), count * 4);
-              for (int q = 0; q < n; ++q) {
-                for (size_t i = 0; i < count; ++i) {
-                  ASSERT_EQ(out[static_cast<size_t>(q) * count + i], value(q, i)) << "rank " << r << " block " << q;
-                }
+  for (size_t count : {kAllGatherDirectMinBytes / 4 + 3, kExchangeMaxBytes / 4 + 1031}) {  // per rank, int32
+    expect_direct_only_when_every_rank_can(
+        [count](int n, bool same) {
+          return [n, count, same](int r, Planned& c) {
+            std::vector<int32_t> in(count), out(count * static_cast<size_t>(n), -1);
+            int32_t* mine = out.data() + static_cast<size_t>(r) * count;
+            for (size_t i = 0; i < count; ++i) (same ? mine : in.data())[i] = value(r, i);
+            c.all_gather(same ? mine : in.data(), out.data(), count * 4);
+            for (int q = 0; q < n; ++q) {
+              for (size_t i = 0; i < count; ++i) {
+                ASSERT_EQ(out[static_cast<size_t>(q) * count + i], value(q, i)) << "rank " << r << " block " << q;
               }
-            },
-            10s, true, true, direct, &copies);
-        if (refusing >= 0) EXPECT_EQ(copies, 0) << "the ring, on every rank";
-        else EXPECT_EQ(copies, n * (n - 1)) << "one read per peer's block on every rank";
-      }
-    }
+            }
+          };
+        },
+        [](int) { return 0; }, [](int n) { return n * (n - 1); });
   }
 }
 
-// Beyond the exchange, from kAllReduceDirectMinSegmentBytes per block, when
-// every rank copies directly with every other, each rank reduces its block
-// out of the peers' inputs (in place: its output is its own input block);
-// one rank that cannot makes every rank take the ring.
+// Beyond the exchange, from kAllReduceDirectMinSegmentBytes per block, each
+// rank reduces its own block out of the peers' inputs (in place: its output
+// is its own input block): one read per peer and chunk.
 TEST(CpuAlgorithms, LargeReduceScatterCopiesDirectlyOnlyWhenEveryRankCan) {
-  const size_t count = kAllReduceDirectChunkBytes / 4 + 4099;  // per block, int32: over one chunk
-  for (int n : {2, 3, 4}) {
-    for (int refusing : {-1, 1}) {
-      for (bool same : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "size " << n << " refusing " << refusing << " in-place " << same);
-        std::vector<bool> direct(static_cast<size_t>(n), true);
-        if (refusing >= 0) direct[static_cast<size_t>(refusing)] = false;
-        int copies = 0;
-        run_ranks(
-            n,
-            [n, count, same](int r, Planned& c) {
-              std::vector<int32_t> in(count * static_cast<size_t>(n)), out(count, -1);
-              for (size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
-              int32_t* dst = same ? in.data() + static_cast<size_t>(r) * count : out.data();
-              c.reduce_scatter(in.data(), dst, count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum));
-              for (size_t i = 0; i < count; ++i) {
-                int32_t want = 0;
-                for (int q = 0; q < n; ++q) want += value(q, static_cast<size_t>(r) * count + i);
-                ASSERT_EQ(dst[i], want) << "rank " << r << " element " << i;
-              }
-            },
-            10s, true, true, direct, &copies);
-        if (refusing >= 0) EXPECT_EQ(copies, 0) << "the ring, on every rank";
-        else EXPECT_EQ(copies, n * (n - 1) * 2) << "two chunks read from every peer on every rank";
-      }
-    }
-  }
+  const size_t count = kAllReduceDirectChunkBytes / 4 + 4099;  // per block, int32: two chunks
+  expect_direct_only_when_every_rank_can(
+      [count](int n, bool same) {
+        return [n, count, same](int r, Planned& c) {
+          std::vector<int32_t> in(count * static_cast<size_t>(n)), out(count, -1);
+          for (size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
+          int32_t* dst = same ? in.data() + static_cast<size_t>(r) * count : out.data();
+          c.reduce_scatter(in.data(), dst, count, 4, reduce_fn(DataType::kInt32, ReduceKind::kSum));
+          for (size_t i = 0; i < count; ++i) {
+            int32_t want = 0;
+            for (int q = 0; q < n; ++q) want += value(q, static_cast<size_t>(r) * count + i);
+            ASSERT_EQ(dst[i], want) << "rank " << r << " element " << i;
+          }
+        };
+      },
+      [](int) { return 1; }, [](int n) { return n * (n - 1) * 2; });
 }
 
 TEST(CpuAlgorithms, AWaitForAPeerThatNeverSendsEndsAtTheDeadlineNamingThePeer) {
