@@ -173,11 +173,13 @@ bool Collectives::all_reduce_direct(const Op& op, const void* in, void* out, siz
 // Each rank reads every peer's block straight out of the peer's input into
 // its own output: each byte copied once, by the rank that needs it, so every
 // core copies (n - 1) blocks. In place is safe: a peer's input is its own
-// block of its output, which no rank writes.
+// block of its output, which no rank writes (this rank's own block is not
+// even rewritten in place: peers are reading it).
 bool Collectives::all_gather_direct(const Op& op, const void* in, void* out, size_t bytes) {
   if (!trade_direct_headers(op, in, out, bytes)) return false;
+  unsigned char* own = static_cast<unsigned char*>(out) + static_cast<size_t>(rank_) * bytes;
+  if (own != in) std::memmove(own, in, bytes);
   auto* o = static_cast<unsigned char*>(out);
-  std::memmove(o + static_cast<size_t>(rank_) * bytes, in, bytes);
   for (int k = 1; k < size_; ++k) {
     const int q = (rank_ + k) % size_;
     t_.read_direct(q, o + static_cast<size_t>(q) * bytes, peer_headers_[static_cast<size_t>(q)].in, bytes,
