@@ -16,6 +16,7 @@ import comms
 import comms.torch
 import torch_rank
 from torch_rank import expect
+from ucx_memory import comms_memfds
 
 CPU = torch.device("cpu")
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.int64]
@@ -42,18 +43,6 @@ def has_zero_copy(group=None):
         return True
     except AssertionError:
         return False
-
-
-def comms_memfds():
-    """comms' UCX allocations open in this process (memfds named comms-ucx,
-    backends/ucx/host_shared_memory.cc); peers' memory is mapped, never held open."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink("/proc/self/fd/" + fd).startswith("/memfd:comms-ucx")
-        except OSError:  # the listing's own descriptor, closed by now
-            pass
-    return count
 
 
 def values(rank, n, dtype, salt):

@@ -5,25 +5,17 @@ allocator and says so. Leaks are seen as comms' memfds open in this process
 and their mappings (backends/ucx/host_shared_memory.h names them
 "comms-ucx")."""
 import gc
-import os
 
 import numpy as np
 import pytest
 
 import comms
+from ucx_memory import comms_mappings, comms_memfds
 
 
 def comms_memory():
     """(memfds, mappings) of comms' UCX allocator in this process."""
-    fds = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            fds += os.readlink("/proc/self/fd/" + fd).startswith("/memfd:comms-ucx")
-        except OSError:  # the listing's own descriptor, closed by now
-            pass
-    with open("/proc/self/maps") as f:
-        maps = sum(1 for line in f if "/memfd:comms-ucx" in line)
-    return fds, maps
+    return comms_memfds(), comms_mappings()
 
 
 def ucx_comm(name):
