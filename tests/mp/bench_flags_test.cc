@@ -355,4 +355,38 @@ TEST(BenchFlags, LocalRegisterTakesTheCommsAllocatorWhereThereIsOne) {
 #endif
 }
 
+// --huge-pages: plain memory in huge pages, the floor's too; results checked
+// on it, and the JSON says where the buffers were.
+TEST(BenchFlags, HugePagesPlaceTheBuffersAndTheFloorsAndKeepTheResults) {
+  expect_refused(bench(1, {"--device", "cuda", "--huge-pages"}),
+                 "comms-bench: --huge-pages places cpu buffers; --device cuda keeps its own buffers");
+  const auto both = bench(1, {"--huge-pages", "-R", "1"});
+  EXPECT_NE(both.exit_code(), 0) << both.output;
+  EXPECT_NE(both.output.find("excludes --huge-pages"), std::string::npos) << both.output;
+  TempDir dir;
+  const std::string json = (dir.path / "out.json").string();
+  std::vector<std::string> backends = {"cpu:gloo"};
+#if UCX_PLUGIN_BUILT
+  backends.push_back("cpu:ucx");
+#endif
+  for (const std::string& backend : backends) {
+    for (const std::string op : {"all_reduce", "broadcast", "all_gather", "reduce_scatter"}) {
+      // 4 MiB: two huge pages per buffer, past the sizes the warning skips.
+      const auto p = bench(2, {"-C", op, "-b", "64K", "-e", "4M", "-f", "64", "--floor", "--huge-pages", "--json", json},
+                           {{"COMMS_BACKEND", backend}});
+      ASSERT_EQ(p.exit_code(), 0) << backend << " " << op << "\n" << p.output;
+      EXPECT_NE(p.output.find("cpu (huge pages) buffers"), std::string::npos) << p.output;
+      const auto rows = nlohmann::json::parse(std::ifstream(json));
+      ASSERT_EQ(rows.size(), 4u) << rows.dump();  // 64 KiB and 4 MiB, in place and out of place
+      for (const auto& r : rows) {
+        EXPECT_EQ(r["wrong"], 0) << r.dump();
+        EXPECT_EQ(r["memory"], "huge_pages") << r.dump();
+        EXPECT_GT(r.at("floor_us").get<double>(), 0) << r.dump();
+      }
+    }
+  }
+  ASSERT_EQ(bench(2, {"-b", "4K", "-e", "4K", "--json", json}).exit_code(), 0);
+  for (const auto& r : nlohmann::json::parse(std::ifstream(json))) EXPECT_EQ(r["memory"], "plain") << r.dump();
+}
+
 }  // namespace

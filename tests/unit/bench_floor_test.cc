@@ -163,6 +163,43 @@ TEST(BenchFloor, EveryOpMatchesItsReference) {
   }
 }
 
+// --huge-pages: the floor's buffers move to huge pages; every op's result stays.
+TEST(BenchFloor, HugePageBuffersMatchTheReference) {
+  for (OpType op : {OpType::kAllReduce, OpType::kBroadcast, OpType::kAllGather, OpType::kReduceScatter}) {
+    for (bool in_place : {false, true}) {
+      FloorShape s{op, 2, 300000, DataType::kFloat32, ReduceOp::sum(), 1, in_place};
+      s.huge_pages = true;
+      check(s);
+      Floor f(s);
+      for (int r = 0; r < s.n; ++r) {
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(f.input(r)) % (size_t(2) << 20), 0u) << "rank " << r << "'s input";
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(f.output(r)) % (size_t(2) << 20), 0u) << "rank " << r << "'s output";
+      }
+    }
+  }
+}
+
+TEST(HugePageBuffer, AlignedZeroedAndMovable) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  HugePageBuffer a(3 * kHuge + 5);
+  ASSERT_NE(a.data(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % kHuge, 0u) << "not 2 MiB-aligned: no huge page can back it";
+  EXPECT_EQ(a.size(), 3 * kHuge + 5);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < a.size(); i += 4093) nonzero += a.data()[i] != 0;
+  EXPECT_EQ(nonzero, 0u);
+  a.data()[a.size() - 1] = 7;  // the last byte is ours to write
+  EXPECT_LE(a.huge_bytes(), 4 * kHuge);
+  uint8_t* const at = a.data();
+  HugePageBuffer b(std::move(a));
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(a.huge_bytes(), 0u);
+  EXPECT_EQ(b.data(), at);
+  EXPECT_EQ(b.data()[b.size() - 1], 7);
+  b = HugePageBuffer();
+  EXPECT_EQ(b.data(), nullptr);
+}
+
 TEST(BenchFloor, ReductionsAndTypes) {
   const ReduceOp redops[] = {ReduceOp::sum(), ReduceOp::product(), ReduceOp::max(), ReduceOp::min(),
                              ReduceOp::avg(), ReduceOp::premul_sum(2.0)};

@@ -123,6 +123,11 @@ Floor::Floor(const FloorShape& shape) : s_(shape) {
   big_ = size_is_total(s_.type) ? s_.count * size_t(s_.n) : s_.count;
   const size_t bytes = std::max(kLine, (big_ * es_ + kLine - 1) / kLine * kLine);
   auto buffer = [&] {
+    if (s_.huge_pages) {
+      auto huge = std::make_shared<HugePageBuffer>(bytes);  // zeroed and touched
+      storage_.emplace_back(huge, huge->data());
+      return huge->data();
+    }
     auto* p = static_cast<uint8_t*>(std::aligned_alloc(kLine, bytes));
     if (!p) throw std::bad_alloc();
     std::memset(p, 0, bytes);  // touched now, not in the first timed iteration

@@ -13,6 +13,8 @@
 #include <memory>
 #include <vector>
 
+#include "huge_pages.h"
+
 #include "comms/plugin.h"
 #include "comms/types.h"
 
@@ -29,6 +31,7 @@ struct FloorShape {
   ReduceOp redop;
   int root = 0;
   bool in_place = false;
+  bool huge_pages = false;  // the buffers in huge pages, as the ranks' (--huge-pages)
 };
 
 // A barrier for the floor's threads that never spins for long: with at most
@@ -94,7 +97,7 @@ class Floor {
 
   FloorShape s_;
   size_t es_ = 0, big_ = 0;
-  std::vector<std::unique_ptr<uint8_t, void (*)(void*)>> storage_;
+  std::vector<std::shared_ptr<uint8_t>> storage_;  // aligned_alloc'd, or a HugePageBuffer's
   std::vector<uint8_t*> in_, out_;
   std::vector<Piece> pieces_;
 };

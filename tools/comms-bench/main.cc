@@ -86,6 +86,7 @@ Setup check_flags(const Flags& f) {
   if (f.local_register && s.on_cuda) {
     bad_flag("-R/--local_register", "=1 allocates cpu buffers through the comm; --device cuda keeps its own buffers");
   }
+  if (f.huge_pages && s.on_cuda) bad_flag("--huge-pages", " places cpu buffers; --device cuda keeps its own buffers");
   if (s.on_cuda && (f.raw_gloo || f.gloo_native)) {
     bad_flag(f.raw_gloo ? "--raw-gloo" : "--gloo-native",
              f.raw_gloo ? " times the cpu backend's plugin on CPU buffers; with --device cuda, --raw-plugin (the "
@@ -239,8 +240,15 @@ int run(const Flags& f) {
   Bench bench(comm, *s.op, s.dtype, s.redop, f.root, static_cast<Average>(f.average), plan[0], plan[1], f.check == 1,
               baseline.get(), cuda.get(),
               BackendPaths::from_describe(described, s.on_cuda ? DeviceType::kCuda : DeviceType::kCpu), f.overhead,
-              f.graph, f.floor, f.local_register == 1);
-  const RunInfo info{s.op, comm->size(), comm->backend_string(), cuda ? str::cat("cuda:", cuda->device()) : "cpu",
+              f.graph, f.floor,
+              f.local_register == 1 ? HostMemory::kBackend
+              : f.huge_pages        ? HostMemory::kHugePages
+                                    : HostMemory::kPlain);
+  const std::string where = cuda                 ? str::cat("cuda:", cuda->device())
+                            : f.local_register   ? "cpu (the comm's allocator, registered: -R 1)"
+                            : f.huge_pages       ? "cpu (huge pages)"
+                                                 : "cpu";
+  const RunInfo info{s.op, comm->size(), comm->backend_string(), where,
                      cuda != nullptr, baseline ? baseline->name() : "", plan[0], plan[1]};
   // --json -: the JSON alone on stdout.
   if (comm->rank() == 0 && f.json_path != "-") print_header(f, info);

@@ -149,6 +149,10 @@ void add_flags(CLI::App& app, Flags& flags) {
                  "1: the op's buffers come from the comm's allocator (alloc_backend_memory) and are registered "
                  "with it (register_buffer), as nccl-tests' -R 1; cpu buffers only")
       ->check(CLI::Range(0, 1));
+  app.add_flag("--huge-pages", flags.huge_pages,
+               "the op's cpu buffers, and --floor's, in transparent huge pages (2 MiB-aligned, madvise "
+               "MADV_HUGEPAGE), as torch allocates tensors of 2 MiB and more with THP_MEM_ALLOC_ENABLE=1")
+      ->excludes("-R");
   app.add_flag("--graph", flags.graph,
                "with --device cuda: capture each size's op once in a CUDA graph (comms and the baseline "
                "alike) and time its replays, as an inference engine issues it");

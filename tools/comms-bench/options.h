@@ -49,6 +49,8 @@ struct Flags {
   bool floor = false;  // --floor: each row's memory-bound floor (floor.h) and the ratio to it
   // -R 1: buffers from the comm's allocator, registered (backend_buffer.h).
   int local_register = 0;
+  // --huge-pages: cpu buffers (and the floor's) in transparent huge pages (huge_pages.h).
+  bool huge_pages = false;
 
   bool has_raw() const { return raw_plugin || raw_gloo || gloo_native || raw_nccl || overhead; }
   bool plugin_baseline() const { return has_raw() && !gloo_native && !raw_nccl; }

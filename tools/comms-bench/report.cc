@@ -66,6 +66,7 @@ void write_json(const Flags& flags, const RunInfo& run, const std::vector<Row>& 
                    {"device", flags.device_name}, {"baseline", r.raw ? run.baseline : "comms"}});
     if (!r.algorithm.empty()) out.back()["algorithm"] = r.algorithm;
     out.back()["graph"] = flags.graph;
+    if (!run.cuda) out.back()["memory"] = flags.local_register ? "backend" : flags.huge_pages ? "huge_pages" : "plain";
     if (flags.floor) {
       out.back()["floor_us"] = r.floor_us;
       out.back()["floor_ratio"] = r.floor_ratio;

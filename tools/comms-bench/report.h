@@ -14,7 +14,7 @@ struct RunInfo {
   const OpInfo* op = nullptr;
   int ranks = 0;
   std::string backend;
-  std::string where;  // "cpu" or "cuda:N"
+  std::string where;  // "cpu", with where its buffers live unless plain, or "cuda:N"
   bool cuda = false;
   std::string baseline;  // Baseline::name() of the connected baseline; "" without one
   int iters = 0, warmup = 0;

@@ -33,14 +33,30 @@ Bench::Shape Bench::prepare(size_t bytes, bool in_place) {
   // The host buffers are the device buffers' mirrors on cuda: filled and
   // checked here, copied on the bench's stream.
   if (cuda_) cuda_->reserve(in_.size());
-  if (local_register_ && registered_in_.size() < in_.size()) {
+  if (memory_ == HostMemory::kBackend && registered_in_.size() < in_.size()) {
     registered_in_ = BackendBuffer();  // the old pair goes before the new one is made
     registered_out_ = BackendBuffer();
     registered_in_ = BackendBuffer(comm_, in_.size());
     registered_out_ = BackendBuffer(comm_, out_.size());
   }
-  s.in_base = cuda_ ? cuda_->input() : local_register_ ? registered_in_.data() : in_.data();
-  s.out_base = cuda_ ? cuda_->output() : local_register_ ? registered_out_.data() : out_.data();
+  if (memory_ == HostMemory::kHugePages && huge_in_.size() < in_.size()) {
+    huge_in_ = HugePageBuffer();
+    huge_out_ = HugePageBuffer();
+    huge_in_ = HugePageBuffer(in_.size());
+    huge_out_ = HugePageBuffer(out_.size());
+    const size_t huge = huge_in_.huge_bytes() + huge_out_.huge_bytes();
+    // Below one huge page a buffer has none to give; beyond it, a shortfall
+    // means THP is off or memory fragmented, and the row measures 4 KiB pages.
+    if (in_.size() >= (size_t(4) << 20) && huge < in_.size() && !warned_small_pages_) {
+      warned_small_pages_ = true;
+      std::fprintf(stderr,
+                   "comms-bench: --huge-pages: rank %d has %zu of its %zu buffer bytes in huge pages "
+                   "(/sys/kernel/mm/transparent_hugepage/enabled must be always or madvise)\n",
+                   s.rank, huge, in_.size() + out_.size());
+    }
+  }
+  s.in_base = cuda_ ? cuda_->input() : placed_in() ? placed_in() : in_.data();
+  s.out_base = cuda_ ? cuda_->output() : placed_out() ? placed_out() : out_.data();
   s.device = cuda_ ? Device::cuda(cuda_->device()) : Device::cpu();
   s.opts.stream = cuda_ ? cuda_->stream() : nullptr;
   s.peer = s.rank ^ 1;
@@ -52,10 +68,24 @@ void Bench::fill(const Shape& s) {
   for (size_t i = 0; i < s.big; ++i) numeric::store_from_double(in_.data(), dtype_, i, double((s.rank + 1) + i % 3));
   if (s.in_place) std::copy(in_.begin(), in_.end(), out_.begin());
   if (cuda_) cuda_->upload(in_, out_);
-  if (local_register_) {
-    std::copy(in_.begin(), in_.end(), registered_in_.data());
-    std::copy(out_.begin(), out_.end(), registered_out_.data());
+  if (placed_in()) {
+    std::copy(in_.begin(), in_.end(), placed_in());
+    std::copy(out_.begin(), out_.end(), placed_out());
   }
+}
+
+uint8_t* Bench::placed_in() const {
+  if (cuda_) return nullptr;
+  return memory_ == HostMemory::kBackend ? registered_in_.data()
+         : memory_ == HostMemory::kHugePages ? huge_in_.data()
+                                              : nullptr;
+}
+
+uint8_t* Bench::placed_out() const {
+  if (cuda_) return nullptr;
+  return memory_ == HostMemory::kBackend ? registered_out_.data()
+         : memory_ == HostMemory::kHugePages ? huge_out_.data()
+                                              : nullptr;
 }
 
 BenchOp Bench::op_of(const Shape& s) const {
@@ -157,9 +187,9 @@ int64_t Bench::check(const Shape& s, bool primary_raw) {
   for (bool side : overhead_ ? std::vector<bool>{false, true} : std::vector<bool>{primary_raw}) {
     timed(s, side);
     if (cuda_) cuda_->download(in_, out_);
-    if (local_register_) {
-      std::copy(registered_in_.data(), registered_in_.data() + in_.size(), in_.begin());
-      std::copy(registered_out_.data(), registered_out_.data() + out_.size(), out_.begin());
+    if (placed_in()) {
+      std::copy(placed_in(), placed_in() + in_.size(), in_.begin());
+      std::copy(placed_out(), placed_out() + out_.size(), out_.begin());
     }
     wrong += count_wrong(s.count, s.in_place, s.rank, s.n, s.peer);
     fill(s);
@@ -187,7 +217,7 @@ Row Bench::run(size_t bytes, bool in_place) {
       cuda_->capture(side, [&] { issue(s, side); });
     }
   }
-  const std::optional<int64_t> zero_copy_before = local_register_ && !primary_raw ? zero_copy_ops() : std::nullopt;
+  const std::optional<int64_t> zero_copy_before = memory_ == HostMemory::kBackend && !primary_raw ? zero_copy_ops() : std::nullopt;
   for (int i = 0; i < warmup_; ++i) {
     timed(s, primary_raw);
     if (overhead_) timed(s, true);
@@ -226,7 +256,7 @@ std::pair<double, double> Bench::floor_p50_p99(const Shape& s) {
     const size_t space = both.find(' ');
     return {std::stod(both.substr(0, space)), std::stod(both.substr(space + 1))};
   }
-  Floor floor({op_.type, s.n, s.count, dtype_, redop_, root_, s.in_place});
+  Floor floor({op_.type, s.n, s.count, dtype_, redop_, root_, s.in_place, memory_ == HostMemory::kHugePages});
   for (int r = 0; r < s.n; ++r) {  // the values fill() gives rank r
     for (size_t i = 0; i < floor.buffer_elements(); ++i) {
       numeric::store_from_double(floor.input(r), dtype_, i, double((r + 1) + i % 3));

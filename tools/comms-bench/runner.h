@@ -11,6 +11,7 @@
 #include "backend_paths.h"
 #include "baseline.h"
 #include "bench_cuda.h"
+#include "huge_pages.h"
 #include "comms/comms.h"
 #include "options.h"
 
@@ -32,6 +33,10 @@ struct Row {
   double floor_us = 0, floor_ratio = 0, floor_p99_us = 0;
 };
 
+// Where the op's CPU buffers live: plain heap memory, the comm's allocator
+// registered with the comm (-R 1), or huge pages (--huge-pages).
+enum class HostMemory { kPlain, kBackend, kHugePages };
+
 class Bench {
  public:
   // `cuda`: buffers on its device and ops on its stream; else CPU buffers.
@@ -41,10 +46,10 @@ class Bench {
   // `average`: how an iteration's times on the ranks combine (-a).
   Bench(std::shared_ptr<Comm> comm, const OpInfo& op, DataType dtype, ReduceOp redop, int root, Average average,
         int iters, int warmup, bool check, Baseline* baseline, CudaBench* cuda, BackendPaths paths, bool overhead,
-        bool graph = false, bool floor = false, bool local_register = false)
+        bool graph = false, bool floor = false, HostMemory memory = HostMemory::kPlain)
       : comm_(std::move(comm)), op_(op), dtype_(dtype), redop_(redop), root_(root), average_(average),
         iters_(iters), warmup_(warmup), check_(check), baseline_(baseline), cuda_(cuda), paths_(std::move(paths)),
-        overhead_(overhead), graph_(graph), floor_(floor), local_register_(local_register) {}
+        overhead_(overhead), graph_(graph), floor_(floor), memory_(memory) {}
 
   Row run(size_t bytes, bool in_place);
 
@@ -97,9 +102,15 @@ class Bench {
   bool floor_;
   int floor_rows_ = 0;  // names each row's floor result in the store
   std::vector<uint8_t> in_, out_;
-  // -R 1: the op's buffers, of which in_ and out_ are mirrors (as on cuda).
-  bool local_register_;
+  // Other than kPlain: the op's buffers are these, of which in_ and out_ are
+  // mirrors (as on cuda).
+  HostMemory memory_;
   BackendBuffer registered_in_, registered_out_;
+  HugePageBuffer huge_in_, huge_out_;
+  bool warned_small_pages_ = false;
+  // The op's CPU buffers where in_ and out_ are their mirrors, else null.
+  uint8_t* placed_in() const;
+  uint8_t* placed_out() const;
 };
 
 }  // namespace comms::bench
