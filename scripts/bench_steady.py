@@ -14,6 +14,15 @@ comms-bench --floor, with its own p99/p50, so that a slow launch or a long
 tail that the floor shares points below comms, at the machine), writes OUT/steady.json (every launch, the load average
 before and after each), and exits 1 when a check fails. A benchmark, not a
 test: the verdict depends on the machine and what else runs on it.
+
+Before each launch, comms-noise (--noise-seconds) measures how often the
+machine takes a core away and for how long (the rate comes and goes from
+minute to minute on a shared host). A rank that loses its core mid-op holds
+up its peers too, so a gap hits about
+  sum over the ranks' cores of (gaps per second) x (the op's p50)
+of a launch's iterations (the table's "gap hit%"). Where that share is 1%
+or more, the launch's p99 lies among the hit iterations, and a long tail
+there is marked "(machine)": the machine's, not comms'.
 """
 import argparse
 import json
@@ -26,6 +35,55 @@ import tempfile
 from bench_mpi_sweep import binding
 
 SIZES = (8, 4096)
+# A p99 is the machine's when at least this share of iterations meets a gap.
+MACHINE_TAIL_SHARE = 0.01
+
+
+def machine_noise(args):
+    """comms-noise's result for this machine's cores (None with --noise-seconds 0)."""
+    if args.noise_seconds <= 0:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    cmd = [os.path.join(args.build, "tools", "comms-noise"), "--seconds", str(args.noise_seconds), "--json", path]
+    try:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.noise_seconds + 30)
+        return json.load(open(path))
+    finally:
+        os.unlink(path)
+
+
+def gap_share(args, noise, p50_us):
+    """The share of iterations of this p50 a machine gap falls in, on the ranks' cores."""
+    if not noise:
+        return None
+    rates = [c["gaps_per_second"] for c in noise["cores"]]
+    if binding(args, args.ranks):  # rank r on the r-th core (mod cores)
+        per_rank = [rates[r % len(rates)] for r in range(args.ranks)]
+    else:
+        per_rank = [sum(rates) / len(rates)] * args.ranks
+    return min(1.0, sum(per_rank) * p50_us * 1e-6)
+
+
+def noise_line(noises):
+    """The launches' probes summed up in one line."""
+    noises = [n for n in noises if n]
+    if not noises:
+        return None
+    cores = [c for n in noises for c in n["cores"]]
+    rate = sum(c["gaps_per_second"] for c in cores) / len(cores)
+    lost = sum(c["lost_fraction"] for c in cores) / len(cores)
+    irq = [c.get("kernel_interrupts_per_second") for c in cores]
+    buckets = {}
+    for c in cores:
+        for k, v in c["gaps_by_length"].items():
+            buckets[k] = buckets.get(k, 0) + v
+    common = max(buckets, key=buckets.get) if buckets else "-"
+    rates = [sum(c["gaps_per_second"] for c in n["cores"]) / len(n["cores"]) for n in noises]
+    return ("machine (comms-noise, %g s before each launch): each core lost %.0f gaps/s over %d ns (%.0f-%.0f by "
+            "launch), %.1f%% of its time, most of them %s; the kernel counted %s interrupts/s" % (
+                noises[0]["seconds"], rate, noises[0]["threshold_ns"], min(rates), max(rates), 100 * lost, common,
+                "%.0f" % (sum(irq) / len(irq)) if None not in irq else "-"))
 
 
 def launch(args):
@@ -58,10 +116,12 @@ def verdict(args, launches, size):
     p50s = [l["rows"][size]["p50_us"] for l in launches]
     median = statistics.median(p50s)
     ok = True
+    tails, machine_tails = 0, 0
     lines = ["all_reduce %d B, %d launches: median launch p50 %.2f us; checks: p50 within %.1fx of the median, "
              "p99/p50 <= %.1f" % (size, len(launches), median, args.max_launch_ratio, args.max_tail_ratio),
-             "%7s %10s %10s %9s %9s %10s %8s %12s %8s  %s" % ("launch", "p50(us)", "p99(us)", "p99/p50", "p50/med",
-                                                             "floor(us)", "x floor", "floor p99/50", "load1", "")]
+             "%7s %10s %10s %9s %9s %10s %8s %12s %9s %8s  %s" % (
+                 "launch", "p50(us)", "p99(us)", "p99/p50", "p50/med", "floor(us)", "x floor", "floor p99/50",
+                 "gap hit%", "load1", "")]
     for i, l in enumerate(launches):
         r = l["rows"][size]
         tail = r["p99_us"] / r["p50_us"] if r["p50_us"] > 0 else float("inf")
@@ -71,13 +131,21 @@ def verdict(args, launches, size):
             bad.append("SLOW LAUNCH")
         if rel * args.max_launch_ratio < 1:
             bad.append("FAST LAUNCH")
+        share = gap_share(args, l.get("noise"), r["p50_us"])
+        machine = share is not None and share >= MACHINE_TAIL_SHARE
         if tail > args.max_tail_ratio:
-            bad.append("LONG TAIL")
+            bad.append("LONG TAIL (machine)" if machine else "LONG TAIL")
+            tails += 1
+            machine_tails += machine
         ok = ok and not bad
-        lines.append("%7d %10.2f %10.2f %9.2f %9.2f %10.2f %8.2f %12.2f %8.2f  %s" % (
+        lines.append("%7d %10.2f %10.2f %9.2f %9.2f %10.2f %8.2f %12.2f %9s %8.2f  %s" % (
             i + 1, r["p50_us"], r["p99_us"], tail, rel, r["floor_us"], r["floor_ratio"],
-            r["floor_p99_us"] / r["floor_us"], l["load_before"][0], " ".join(bad)))
+            r["floor_p99_us"] / r["floor_us"], "-" if share is None else "%.2f" % (100 * share),
+            l["load_before"][0], " ".join(bad)))
     lines.append("%s: p50 %.2f-%.2f us over launches" % ("PASS" if ok else "FAIL", min(p50s), max(p50s)))
+    if tails:
+        lines.append("%d launches with a long tail, %d of them where the machine's gaps reach %.0f%% of the "
+                     "iterations" % (tails, machine_tails, 100 * MACHINE_TAIL_SHARE))
     return lines, ok
 
 
@@ -93,6 +161,8 @@ def main():
     ap.add_argument("--max-launch-ratio", type=float, default=2.0)
     ap.add_argument("--max-tail-ratio", type=float, default=3.0)
     ap.add_argument("--timeout", type=int, default=120, help="seconds per launch")
+    ap.add_argument("--noise-seconds", type=float, default=0.5,
+                    help="how long comms-noise probes the cores before each launch (0: not at all)")
     ap.add_argument("--no-bind", action="store_true",
                     help="do not bind the ranks to cores (by default each rank gets its own core when they fit, "
                          "as bench-mpi does)")
@@ -103,15 +173,19 @@ def main():
     os.makedirs(out, exist_ok=True)
     launches = []
     for i in range(args.launches):
+        noise = machine_noise(args)
         before = os.getloadavg()
         rows = launch(args)
-        launches.append({"load_before": before, "load_after": os.getloadavg(), "rows": rows})
+        launches.append({"load_before": before, "load_after": os.getloadavg(), "rows": rows, "noise": noise})
         print("launch %2d: %s" % (i + 1, "  ".join("%d B p50 %.2f p99 %.2f floor %.2f us" % (
             s, rows[s]["p50_us"], rows[s]["p99_us"], rows[s]["floor_us"]) for s in SIZES)), flush=True)
     ok = True
     report = ["backend %s, %d ranks %s, %d iterations (%d warm-up) per row" % (
         args.backend, args.ranks, "not bound" if args.no_bind else "each bound to its own core when they fit",
         args.iters, args.warmup)]
+    machine = noise_line([l["noise"] for l in launches])
+    if machine:
+        report.append(machine)
     for size in SIZES:
         lines, size_ok = verdict(args, launches, size)
         ok = ok and size_ok
@@ -121,7 +195,8 @@ def main():
               "warmup": args.warmup, "max_launch_ratio": args.max_launch_ratio,
               "max_tail_ratio": args.max_tail_ratio, "pass": ok,
               "launches": [{"load_before": l["load_before"], "load_after": l["load_after"],
-                            "rows": {str(s): l["rows"][s] for s in SIZES}} for l in launches]}
+                            "machine_noise": l["noise"], "rows": {str(s): l["rows"][s] for s in SIZES}}
+                           for l in launches]}
     json.dump(result, open(os.path.join(out, "steady.json"), "w"), indent=1)
     print("wrote %s" % os.path.join(out, "steady.json"))
     return 0 if ok else 1
