@@ -30,6 +30,10 @@ enum class Path : uint8_t {
 struct Plan {
   Path path = Path::kOneRank;
   Algorithm algorithm = Algorithm::kNone;  // for kCollectives
+  // UCX: first the zero-copy path (backends/ucx/zero_copy.h), which runs
+  // the op when every rank's buffers lie in the comm's allocations and
+  // otherwise, alike on every rank, leaves it to path and algorithm.
+  bool zero_copy_first = false;
 };
 
 // The bytes the plans and algorithm_for read: the op's per-rank count

@@ -97,11 +97,6 @@ class Share {
 
 }  // namespace
 
-bool zero_copy_kernel_exists(OpType type) {
-  return type == OpType::kAllReduce || type == OpType::kReduce || type == OpType::kReduceScatter ||
-         type == OpType::kAllGather || type == OpType::kBroadcast;
-}
-
 ZeroCopyNeeds zero_copy_needs(const plugin::OpDesc& op, int rank, int size) {
   const size_t bytes = op.count * element_size(op.dtype), n = static_cast<size_t>(size);
   const bool root = rank == op.root;

@@ -30,7 +30,11 @@ inline constexpr size_t kZeroCopyBlockBytes = 32 * 1024;
 
 // The ops these kernels run: all_reduce, reduce, reduce_scatter,
 // all_gather and broadcast.
-bool zero_copy_kernel_exists(plugin::OpType type);
+constexpr bool zero_copy_kernel_exists(plugin::OpType type) {
+  using plugin::OpType;
+  return type == OpType::kAllReduce || type == OpType::kReduce || type == OpType::kReduceScatter ||
+         type == OpType::kAllGather || type == OpType::kBroadcast;
+}
 
 // What `rank` must make addressable for an op of this shape (count, dtype,
 // root as in plugin::OpDesc): bytes of its input and of its output, 0 where

@@ -116,8 +116,7 @@ Status UcxBackend::init() {
       shm_state_ = shm_ ? "on, up to " + std::to_string(kShmMaxBytes) + " bytes per rank"
                         : "off (a rank could not map the segment)";
       if (shm_) {
-        zero_copy_ = std::make_unique<ZeroCopy>(*shm_, init_.rank, std::move(pids), settings_.zero_copy_min_bytes,
-                                                init_.log);
+        zero_copy_ = std::make_unique<ZeroCopy>(*shm_, init_.rank, std::move(pids), init_.log);
         zero_copy_on_ = true;
       }
     }
@@ -127,6 +126,8 @@ Status UcxBackend::init() {
     shape_.size = init_.size;
     shape_.hierarchical = hierarchical_ != nullptr;
     shape_.shm_max_bytes = shm_ ? kShmMaxBytes : 0;
+    shape_.zero_copy = zero_copy_ != nullptr;
+    shape_.zero_copy_min_bytes = settings_.zero_copy_min_bytes;
     shape_.copies_direct = init_.size > 1;
     for (int p = 0; p < init_.size; ++p) {
       if (p != init_.rank && !transport_->copies_direct(p)) shape_.copies_direct = false;
@@ -143,15 +144,12 @@ Status UcxBackend::init() {
 }
 
 // Runs the op where plan() (ucx_plan.h) says; the one place that decides.
-// Before it, an op the zero-copy path considers asks every rank whether
-// all buffers are host-shared (the plan cannot know), and runs there if so.
 void UcxBackend::run(const plugin::OpDesc& op) {
-  const size_t bytes = cpu_algorithms::bytes_of(op);
-  if (zero_copy_ && zero_copy_->considers(op.type, bytes) && zero_copy_->run(op)) {
+  const Plan p = plan(op.type, cpu_algorithms::bytes_of(op), shape_);
+  if (p.zero_copy_first && zero_copy_->run(op)) {
     zero_copy_ops_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  const Plan p = plan(op.type, bytes, shape_);
   switch (p.path) {
     case Path::kShm: shm_->run(op); break;
     case Path::kCollectives:
@@ -352,7 +350,7 @@ std::string UcxBackend::describe() const {
   if (planned_.load(std::memory_order_acquire)) {  // once connected: shared memory and direct copies are known
     j["paths"] = cpu_algorithms::paths_json<nlohmann::ordered_json>(
         [&](OpType type, size_t bytes) { return path_name(type, bytes, plan(type, bytes, shape_), shape_); }, init_.size,
-        {shape_.shm_max_bytes, kFlatAcrossHostsMinBytes, kFlatAcrossHostsMaxBytes});
+        {shape_.shm_max_bytes, kFlatAcrossHostsMinBytes, kFlatAcrossHostsMaxBytes, shape_.zero_copy_min_bytes});
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }

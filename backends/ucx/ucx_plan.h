@@ -15,15 +15,24 @@
 //     sends in place): Collectives, with direct copies where the size rules
 //     say so;
 //   the rest (v-variants, lists, large all_to_all, gather, scatter): the
-//     pairwise exchange (vector_collectives.h).
+//     pairwise exchange (vector_collectives.h);
+//   and, before any of these, the zero-copy path (zero_copy.h) for
+//     all_reduce, reduce, reduce_scatter, all_gather and broadcast from
+//     zero_copy_min_bytes per rank, on one host with the shared-memory
+//     collectives: it runs the op where every rank's buffers are the comm's
+//     allocations (which only the op's buffers tell, so the plan says "try
+//     it first"), else every rank takes the path above.
 #pragma once
 
 #include <cstddef>
 #include <string_view>
 
+#include <string>
+
 #include "algorithms.h"
 #include "comms/plugin.h"
 #include "plan.h"
+#include "zero_copy_kernels.h"
 
 namespace comms::ucx_backend {
 
@@ -62,10 +71,25 @@ struct UcxShape {
   // The ranks span several hosts and some host has several
   // (cpu_algorithms::spans_hosts_with_neighbours).
   bool hierarchical = false;
+  // The comm has the zero-copy path (it needs the shared-memory
+  // collectives), and the smallest op it tries there (bytes per rank;
+  // COMMS_UCX_ZERO_COPY_MIN_BYTES).
+  bool zero_copy = false;
+  size_t zero_copy_min_bytes = 0;
 };
+
+constexpr Plan usual_plan(plugin::OpType type, size_t bytes, const UcxShape& comm);
 
 // The path of an op of `bytes` per rank (cpu_algorithms::bytes_of).
 constexpr Plan plan(plugin::OpType type, size_t bytes, const UcxShape& comm) {
+  Plan p = usual_plan(type, bytes, comm);
+  p.zero_copy_first = comm.zero_copy && bytes != 0 && bytes >= comm.zero_copy_min_bytes &&
+                      cpu_algorithms::zero_copy_kernel_exists(type) && p.path != Path::kOneRank;
+  return p;
+}
+
+// Where an op goes when the zero-copy path does not take it.
+constexpr Plan usual_plan(plugin::OpType type, size_t bytes, const UcxShape& comm) {
   using plugin::OpType;
   if (type == OpType::kSend || type == OpType::kRecv || type == OpType::kBatchP2P) return {Path::kPointToPoint};
   if (comm.size == 1) return {Path::kOneRank};
@@ -83,7 +107,7 @@ constexpr Plan plan(plugin::OpType type, size_t bytes, const UcxShape& comm) {
   return a != Algorithm::kNone ? Plan{Path::kCollectives, a} : Plan{Path::kPairwise};
 }
 
-constexpr std::string_view path_name(plugin::OpType type, size_t bytes, Plan p, const UcxShape& comm) {
+constexpr std::string_view usual_path_name(plugin::OpType type, size_t bytes, Plan p, const UcxShape& comm) {
   switch (p.path) {
     case Path::kPointToPoint: return "ucp tag send/recv";
     case Path::kOneRank: return "one-rank copy";
@@ -94,6 +118,13 @@ constexpr std::string_view path_name(plugin::OpType type, size_t bytes, Plan p, 
           type, comm.copies_direct ? p.algorithm : cpu_algorithms::fallback_of(type, p.algorithm, bytes, comm.size));
     default: return "pairwise exchange";
   }
+}
+
+// describe()'s name of the plan's path (comms-bench's algorithm column).
+inline std::string path_name(plugin::OpType type, size_t bytes, Plan p, const UcxShape& comm) {
+  const std::string_view usual = usual_path_name(type, bytes, p, comm);
+  if (!p.zero_copy_first) return std::string(usual);
+  return "zero-copy where every rank's buffers are the comm's memory, else " + std::string(usual);
 }
 
 }  // namespace comms::ucx_backend

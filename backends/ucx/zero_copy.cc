@@ -23,11 +23,10 @@ struct ZeroCopy::Record {
 };
 static_assert(std::is_trivially_copyable_v<host_shared::Location>, "records are copied through shared memory");
 
-ZeroCopy::ZeroCopy(ShmCollectives& shm, int rank, std::vector<int> pids, size_t min_bytes, LogFn log)
+ZeroCopy::ZeroCopy(ShmCollectives& shm, int rank, std::vector<int> pids, LogFn log)
     : shm_(shm),
       rank_(rank),
       size_(static_cast<int>(pids.size())),
-      min_bytes_(min_bytes),
       log_(std::move(log)),
       peers_(pids.size()),
       records_(pids.size()),
@@ -39,8 +38,6 @@ ZeroCopy::ZeroCopy(ShmCollectives& shm, int rank, std::vector<int> pids, size_t 
 ZeroCopy::~ZeroCopy() {
   for (Peer& p : peers_) drop_mappings(p);
 }
-
-bool ZeroCopy::kernel(OpType type) { return cpu_algorithms::zero_copy_kernel_exists(type); }
 
 void ZeroCopy::drop_mappings(Peer& p) {
   for (const Mapping& m : p.mappings) host_shared::unmap_peer(m.base, m.bytes);

@@ -35,18 +35,14 @@ namespace comms::ucx_backend {
 
 class ZeroCopy {
  public:
-  // pids: every rank's process id (this rank's unused). min_bytes: the
-  // smallest op (bytes per rank, cpu_algorithms::bytes_of) this path
-  // considers; the same on every rank.
-  ZeroCopy(ShmCollectives& shm, int rank, std::vector<int> pids, size_t min_bytes, LogFn log);
+  // pids: every rank's process id (this rank's unused). Which ops come
+  // here is the plan's to say (ucx_plan.h, Plan::zero_copy_first).
+  ZeroCopy(ShmCollectives& shm, int rank, std::vector<int> pids, LogFn log);
   ~ZeroCopy();
   ZeroCopy(const ZeroCopy&) = delete;
   ZeroCopy& operator=(const ZeroCopy&) = delete;
 
-  // Whether an op of this type and size goes through run(): the same
-  // answer on every rank that passed the same count.
-  bool considers(plugin::OpType type, size_t bytes) const { return bytes >= min_bytes_ && bytes != 0 && kernel(type); }
-  // Runs op zero-copy and returns true, or returns false having touched no
+  // Runs op (one the zero-copy kernels have) zero-copy and returns true, or returns false having touched no
   // buffer when some rank's buffers are not host-shared (every rank then
   // returns false). Throws as ShmCollectives::run does.
   bool run(const plugin::OpDesc& op);
@@ -68,7 +64,6 @@ class ZeroCopy {
     std::vector<Mapping> mappings;
   };
   struct Record;
-  static bool kernel(plugin::OpType type);
   // A peer's buffer at `where`, mapped now or earlier; null (logged) when
   // mapping fails.
   unsigned char* map(int peer, const Record& r, bool output);
@@ -76,7 +71,6 @@ class ZeroCopy {
 
   ShmCollectives& shm_;
   const int rank_, size_;
-  const size_t min_bytes_;
   LogFn log_;
   std::mutex mu_;  // held by run(): abort() unmaps only between ops
   bool aborted_ = false;

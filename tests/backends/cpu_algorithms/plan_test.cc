@@ -106,16 +106,51 @@ TEST(PathTable, TheUcxTableNamesThePlansPathAtEveryByteCount) {
   for (int size : {1, 2, 3, 4, 7, 8}) {
     for (size_t shm : {size_t{0}, ucx_backend::kShmMaxBytes}) {
       for (bool direct : {true, false}) {
-        const ucx_backend::UcxShape comm{size, shm, direct};
-        auto name = [&](OpType type, size_t bytes) {
-          return ucx_backend::path_name(type, bytes, ucx_backend::plan(type, bytes, comm), comm);
-        };
-        expect_table_matches(paths_json<nlohmann::json>(name, size, {shm}), size, name,
-                             "ucx size " + std::to_string(size) + " shm " + std::to_string(shm) + " direct " +
-                                 std::to_string(direct));
+        for (size_t zero_copy_min : {size_t{0}, size_t{1000}, size_t{256} * 1024}) {
+          ucx_backend::UcxShape comm{size, shm, direct};
+          comm.zero_copy = shm != 0 && zero_copy_min != 0;
+          comm.zero_copy_min_bytes = zero_copy_min;
+          auto name = [&](OpType type, size_t bytes) {
+            return ucx_backend::path_name(type, bytes, ucx_backend::plan(type, bytes, comm), comm);
+          };
+          expect_table_matches(paths_json<nlohmann::json>(name, size, {shm, zero_copy_min}), size, name,
+                               "ucx size " + std::to_string(size) + " shm " + std::to_string(shm) + " direct " +
+                                   std::to_string(direct) + " zero-copy from " + std::to_string(zero_copy_min));
+        }
       }
     }
   }
+}
+
+// The zero-copy path is the plan's: tried first from its size on, for the
+// ops it has kernels for, and named in the table before the path taken
+// where some rank's buffers are not the comm's memory.
+TEST(UcxPlan, TriesZeroCopyFirstFromItsSizeForTheOpsItHasKernelsFor) {
+  ucx_backend::UcxShape comm{2, ucx_backend::kShmMaxBytes, true};
+  comm.zero_copy = true;
+  comm.zero_copy_min_bytes = 256 * 1024;
+  for (OpType type : {OpType::kAllReduce, OpType::kReduce, OpType::kReduceScatter, OpType::kAllGather,
+                      OpType::kBroadcast}) {
+    EXPECT_FALSE(ucx_backend::plan(type, 256 * 1024 - 1, comm).zero_copy_first) << plugin::op_name(type);
+    const Plan p = ucx_backend::plan(type, 256 * 1024, comm);
+    EXPECT_TRUE(p.zero_copy_first) << plugin::op_name(type);
+    EXPECT_EQ(p.path, ucx_backend::usual_plan(type, 256 * 1024, comm).path) << plugin::op_name(type);
+  }
+  for (OpType type : {OpType::kAllToAll, OpType::kBarrier, OpType::kSend, OpType::kGather, OpType::kScatter}) {
+    EXPECT_FALSE(ucx_backend::plan(type, 1 << 20, comm).zero_copy_first) << plugin::op_name(type);
+  }
+  comm.zero_copy = false;  // no shared-memory collectives, no zero-copy
+  EXPECT_FALSE(ucx_backend::plan(OpType::kAllReduce, 1 << 20, comm).zero_copy_first);
+  comm.zero_copy = true;
+  comm.zero_copy_min_bytes = 0;  // every size but an empty op
+  EXPECT_TRUE(ucx_backend::plan(OpType::kAllReduce, 4, comm).zero_copy_first);
+  EXPECT_FALSE(ucx_backend::plan(OpType::kAllReduce, 0, comm).zero_copy_first);
+  comm.zero_copy_min_bytes = 256 * 1024;
+  auto name = [&](OpType type, size_t bytes) {
+    return ucx_backend::path_name(type, bytes, ucx_backend::plan(type, bytes, comm), comm);
+  };
+  EXPECT_EQ(paths_json<nlohmann::json>(name, 2, {comm.shm_max_bytes, comm.zero_copy_min_bytes}).at("all_reduce").dump(),
+            R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":16384,"path":"shm"},{"max_bytes":32768,"path":"sync exchange + local reduce"},{"max_bytes":65535,"path":"sync pipelined ring"},{"max_bytes":262143,"path":"direct copies: each rank reduces its segment"},{"max_bytes":null,"path":"zero-copy where every rank's buffers are the comm's memory, else direct copies: each rank reduces its segment"}])");
 }
 
 // The checks above catch a table off by one byte at any of its limits: each
