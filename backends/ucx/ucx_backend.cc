@@ -337,8 +337,10 @@ std::string UcxBackend::describe() const {
   j["shm_fifo"] = fifo_text();
   j["shm_collectives"] = shm_state_;
   j["direct_copies"] = direct_copies_;
-  // "ops": the ops this rank ran zero-copy so far (tests and comms-bench read it).
+  // "ops": the ops this rank ran zero-copy so far (tests and comms-bench read
+  // it); "ops_on_held_mappings": those of them on the last one's buffers.
   j["zero_copy"] = {{"ops", zero_copy_ops_.load(std::memory_order_relaxed)},
+                    {"ops_on_held_mappings", zero_copy_ ? zero_copy_->ops_on_held_mappings() : 0},
                     {"min_bytes", settings_.zero_copy_min_bytes},
                     {"state", zero_copy_on_ ? "on, for ops on alloc_backend_memory buffers on every rank"
                                          : "off (needs the shared-memory collectives)"}};

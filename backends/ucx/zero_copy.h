@@ -12,7 +12,9 @@
 //   2. if any rank's buffer is not host-shared, every rank returns false
 //      and the op takes its usual path; else each rank maps what it lacks
 //      and publishes whether that worked (a failed mapping is a fall-back
-//      too, before anyone has written anything);
+//      too, before anyone has written anything), unless every rank's
+//      record equals its record of the last op that ran here: then every
+//      rank holds those mappings still and all skip this exchange alike;
 //   3. each rank runs its share, then waits for every other: an op returns
 //      only once no rank reads its input or writes its output any more.
 // A peer that dies meanwhile fails the waits with kPeerFailure naming it;
@@ -23,6 +25,7 @@
 // and all of them on finalize and offload (the destructor) and on abort.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -50,6 +53,8 @@ class ZeroCopy {
   // buffer once the running op (whose waits now throw) lets go, within
   // 200 ms; the comm is broken, so no op maps again.
   void abort();
+  // The ops that skipped step 2 (describe()'s zero_copy.ops_on_held_mappings).
+  uint64_t ops_on_held_mappings() const { return held_ops_.load(std::memory_order_relaxed); }
 
 
  private:
@@ -68,6 +73,8 @@ class ZeroCopy {
   // mapping fails.
   unsigned char* map(int peer, const Record& r, bool output);
   void drop_mappings(Peer& p);
+  // Every rank's record equals the one of the last op that ran here.
+  bool same_as_last(const std::vector<Record>& now) const;
 
   ShmCollectives& shm_;
   const int rank_, size_;
@@ -77,6 +84,11 @@ class ZeroCopy {
   std::vector<Peer> peers_;
   // Per op, kept to spare the allocations.
   std::vector<Record> records_;
+  // The step-1 records of the last op, and whether it ran here (and every
+  // op since went through step 1 on every rank: the same on every rank).
+  std::vector<Record> last_records_;
+  bool last_ran_ = false;
+  std::atomic<uint64_t> held_ops_{0};
   std::vector<const void*> inputs_;
   std::vector<void*> outputs_;
 };

@@ -33,9 +33,13 @@ std::vector<int> all_ranks(const Comm& c) {
   return all;
 }
 
-int64_t zero_copy_ops(const Comm& c) {
-  return nlohmann::json::parse(c.describe())["backends"]["cpu"]["config"]["zero_copy"]["ops"].get<int64_t>();
+int64_t zero_copy_count(const Comm& c, const char* key) {
+  return nlohmann::json::parse(c.describe())["backends"]["cpu"]["config"]["zero_copy"][key].get<int64_t>();
 }
+int64_t zero_copy_ops(const Comm& c) { return zero_copy_count(c, "ops"); }
+// The zero-copy ops that found every rank's buffers where the last one did,
+// and skipped asking whether every rank mapped them.
+int64_t ops_on_held_mappings(const Comm& c) { return zero_copy_count(c, "ops_on_held_mappings"); }
 
 // Mappings of the plugin's memfds in this process: its own allocations and
 // the peers' it mapped.
@@ -63,15 +67,16 @@ struct Floats {
 };
 
 // An all_reduce (sum) of rank-dependent values; checks every element.
-void all_reduce_and_check(Comm& c, Floats& in, Floats& out, size_t n) {
+// `salt` shifts the values, so that a stale output from an op before fails.
+void all_reduce_and_check(Comm& c, Floats& in, Floats& out, size_t n, size_t salt = 0) {
   const int size = c.size(), me = c.rank();
-  for (size_t i = 0; i < n; ++i) in.data[i] = float(me + 1) * float(i % 13);
+  for (size_t i = 0; i < n; ++i) in.data[i] = float(me + 1) * float((i + salt) % 13);
   c.all_reduce(in.view(n), out.view(n), ReduceOp::sum());
   const float ranks = float(size * (size + 1) / 2);
   for (size_t i = 0; i < n; ++i) {
-    if (out.data[i] != ranks * float(i % 13)) {
+    if (out.data[i] != ranks * float((i + salt) % 13)) {
       ADD_FAILURE() << "rank " << me << ": element " << i << " is " << out.data[i] << ", expected "
-                    << ranks * float(i % 13);
+                    << ranks * float((i + salt) % 13);
       return;
     }
   }
@@ -85,6 +90,38 @@ TEST(UcxZeroCopy, AllReduceOnAllocatorMemoryRunsZeroCopyWithTheSum) {
   EXPECT_EQ(zero_copy_ops(c), before + 1);
   all_reduce_and_check(c, out, out, kCount);  // in place
   EXPECT_EQ(zero_copy_ops(c), before + 2);
+}
+
+// An op on the buffers of the op before (every rank's) skips the check that
+// every rank mapped them; new buffers, other placements or another op's
+// needs ask again. Every result is checked, with values new to each op.
+TEST(UcxZeroCopy, AnOpOnTheLastOpsBuffersSkipsTheMappingCheckWithTheRightResult) {
+  Comm& c = world();
+  Floats in(c, kCount, true), out(c, kCount, true);
+  const int64_t ops = zero_copy_ops(c), held = ops_on_held_mappings(c);
+  all_reduce_and_check(c, in, out, kCount, 1);  // new allocations
+  EXPECT_EQ(ops_on_held_mappings(c), held);
+  all_reduce_and_check(c, in, out, kCount, 2);
+  all_reduce_and_check(c, in, out, kCount, 3);
+  EXPECT_EQ(ops_on_held_mappings(c), held + 2);
+  all_reduce_and_check(c, out, out, kCount, 4);  // in place: another input
+  EXPECT_EQ(ops_on_held_mappings(c), held + 2);
+  all_reduce_and_check(c, out, out, kCount, 5);
+  EXPECT_EQ(ops_on_held_mappings(c), held + 3);
+  // A broadcast needs no input on the ranks other than the root.
+  for (size_t i = 0; i < kCount; ++i) out.data[i] = c.rank() == 0 ? float(i % 7) : -1.0f;
+  c.broadcast(out.view(kCount), 0);
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(out.data[i], float(i % 7)) << "element " << i;
+  EXPECT_EQ(ops_on_held_mappings(c), held + 3);
+  {
+    Floats other(c, kCount, true);  // a new input on every rank
+    all_reduce_and_check(c, other, out, kCount, 6);
+    all_reduce_and_check(c, other, out, kCount, 7);
+  }
+  EXPECT_EQ(ops_on_held_mappings(c), held + 4);
+  all_reduce_and_check(c, in, out, kCount, 8);  // `other` was freed: ask again
+  EXPECT_EQ(ops_on_held_mappings(c), held + 4);
+  EXPECT_EQ(zero_copy_ops(c), ops + 9);  // eight all_reduces and the broadcast
 }
 
 TEST(UcxZeroCopy, AMixOfAllocatorAndPlainMemoryTakesTheUsualPathWithTheSameResult) {
