@@ -32,6 +32,17 @@ bool same_place(const host_shared::Location& a, const host_shared::Location& b) 
 
 }  // namespace
 
+bool ZeroCopy::all_ready(const Record& mine, size_t op_bytes, ShmCollectives::Deadline& deadline) {
+  shm_.exchange_records(&mine, sizeof mine, op_bytes, records_.data(), deadline);
+  for (const Record& r : records_) {
+    if (!r.ready) {
+      last_ran_ = false;  // the op falls back on every rank
+      return false;
+    }
+  }
+  return true;
+}
+
 bool ZeroCopy::same_as_last(const std::vector<Record>& now) const {
   if (!last_ran_) return false;
   for (size_t r = 0; r < now.size(); ++r) {
@@ -117,13 +128,7 @@ bool ZeroCopy::run(const plugin::OpDesc& op) {
   }
   mine.releases = host_shared::releases();
   mine.ready = ready;
-  shm_.exchange_records(&mine, sizeof mine, op_bytes, records_.data(), deadline);
-  for (const Record& r : records_) {
-    if (!r.ready) {
-      last_ran_ = false;
-      return false;
-    }
-  }
+  if (!all_ready(mine, op_bytes, deadline)) return false;
   // 2. Every peer's buffers, mapped here. Every rank published the same
   // records as for the last op that ran here (the same allocations, nothing
   // freed since): every rank mapped them all then and holds them still, so
@@ -152,13 +157,7 @@ bool ZeroCopy::run(const plugin::OpDesc& op) {
   if (!mapped_before) {
     last_records_ = records_;  // before the exchange below overwrites them
     mine.ready = ready;
-    shm_.exchange_records(&mine, sizeof mine, op_bytes, records_.data(), deadline);
-    for (const Record& r : records_) {
-      if (!r.ready) {
-        last_ran_ = false;
-        return false;
-      }
-    }
+    if (!all_ready(mine, op_bytes, deadline)) return false;
   }
   // 3. This rank's share, then every rank's.
   last_ran_ = false;  // until every rank is through: an op that throws leaves it so

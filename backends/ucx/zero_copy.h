@@ -73,6 +73,9 @@ class ZeroCopy {
   // mapping fails.
   unsigned char* map(int peer, const Record& r, bool output);
   void drop_mappings(Peer& p);
+  // Publishes mine, reads every rank's record into records_, and says
+  // whether every rank is ready (the same answer on every rank).
+  bool all_ready(const Record& mine, size_t op_bytes, ShmCollectives::Deadline& deadline);
   // Every rank's record equals the one of the last op that ran here.
   bool same_as_last(const std::vector<Record>& now) const;
 
