@@ -1,8 +1,11 @@
-// all_reduce over ranks grouped by host, as Open MPI's and NCCL's
-// hierarchical collectives: reduce inside each host to its leader (its
-// lowest rank; on UCX the data moves through shared memory or direct
-// copies), all_reduce among the leaders (the only traffic between hosts:
-// once per host rather than once per rank), broadcast inside each host.
+// all_reduce and all_gather over ranks grouped by host, as Open MPI's and
+// NCCL's hierarchical collectives. all_reduce: reduce inside each host to
+// its leader (its lowest rank; on UCX the data moves through shared memory
+// or direct copies), all_reduce among the leaders (the only traffic between
+// hosts: once per host rather than once per rank), broadcast inside each
+// host. all_gather (hosts of equal size): all_gather inside each host, the
+// leaders all_gather their hosts' blocks, each leader puts them in rank
+// order and broadcasts the whole result inside its host.
 // The leaders' all_reduce leaves the same bits on every leader (its
 // reductions run in rank order) and the broadcast copies them, so every
 // rank gets the same bits; they may differ from the flat algorithms' in the
@@ -31,6 +34,9 @@ namespace comms::cpu_algorithms {
 // Whether a comm whose ranks sit on hosts host_of[rank] gains from the
 // hierarchy: more than one host, and some host with more than one rank.
 bool spans_hosts_with_neighbours(const std::vector<int>& host_of);
+// Whether every host has the same number of ranks (Hierarchical::all_gather's
+// leaders then trade blocks of one size).
+bool hosts_of_equal_size(const std::vector<int>& host_of);
 
 class Hierarchical {
  public:
@@ -41,6 +47,9 @@ class Hierarchical {
   // out = reduction over every rank of in (in may equal out), finished by
   // the caller (finish_reduction over the whole comm's size).
   void all_reduce(const void* in, void* out, size_t count, size_t es, ReduceFn fn, std::chrono::milliseconds timeout);
+  // out = every rank's `bytes` of in, in rank order (in may be out's block
+  // of this rank). Needs hosts_of_equal_size.
+  void all_gather(const void* in, void* out, size_t bytes, std::chrono::milliseconds timeout);
 
  private:
   // Gives `c` the time left until deadline (at least 1 ms: a wait then
@@ -49,6 +58,13 @@ class Hierarchical {
 
   SubsetTransport local_transport_;
   Collectives local_;
+  bool equal_hosts_;
+  // The comm's ranks in the order the leaders' all_gather leaves their
+  // blocks (each host's ranks in rank order, hosts in their leaders'
+  // order), and whether that is rank order itself.
+  std::vector<int> gathered_order_;
+  bool gathered_in_rank_order_;
+  std::vector<unsigned char> host_blocks_, gathered_;  // all_gather's scratch
   std::optional<SubsetTransport> leaders_transport_;  // on a host's leader only
   std::unique_ptr<Collectives> leaders_;
 };

@@ -125,6 +125,8 @@ Status UcxBackend::init() {
     }
     shape_.size = init_.size;
     shape_.hierarchical = hierarchical_ != nullptr;
+    shape_.hierarchical_all_gather =
+        hierarchical_ != nullptr && cpu_algorithms::hosts_of_equal_size(transport_->host_of());
     shape_.shm_max_bytes = shm_ ? kShmMaxBytes : 0;
     shape_.zero_copy = zero_copy_ != nullptr;
     shape_.zero_copy_min_bytes = settings_.zero_copy_min_bytes;
@@ -158,6 +160,10 @@ void UcxBackend::run(const plugin::OpDesc& op) {
       break;
     case Path::kPairwise: cpu_algorithms::run_pairwise(*pairwise_, op); break;
     case Path::kHierarchical:
+      if (op.type == OpType::kAllGather) {
+        hierarchical_->all_gather(op.input, op.output, op.count * element_size(op.dtype), op.timeout);
+        break;
+      }
       hierarchical_->all_reduce(op.input, op.output, op.count, element_size(op.dtype),
                                 cpu_algorithms::reduction_of(op), op.timeout);
       cpu_algorithms::finish_reduction(op, op.output, op.count, init_.size);
@@ -352,7 +358,8 @@ std::string UcxBackend::describe() const {
   if (planned_.load(std::memory_order_acquire)) {  // once connected: shared memory and direct copies are known
     j["paths"] = cpu_algorithms::paths_json<nlohmann::ordered_json>(
         [&](OpType type, size_t bytes) { return path_name(type, bytes, plan(type, bytes, shape_), shape_); }, init_.size,
-        {shape_.shm_max_bytes, kFlatAcrossHostsMinBytes, kFlatAcrossHostsMaxBytes, shape_.zero_copy_min_bytes});
+        {shape_.shm_max_bytes, kFlatAcrossHostsMinBytes, kFlatAcrossHostsMaxBytes, kHierarchicalAllGatherMaxBytes,
+         shape_.zero_copy_min_bytes});
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // hint and name text may not be UTF-8
 }

@@ -5,7 +5,8 @@
 //   a one-rank comm: local copies;
 //   all_reduce on a comm over several hosts, some with more than one rank,
 //     outside kFlatAcrossHosts{Min,Max}Bytes (hierarchical.h): inside each
-//     host, one exchange between hosts;
+//     host, one exchange between hosts; all_gather there too, up to
+//     kHierarchicalAllGatherMaxBytes, where every host has as many ranks;
 //   barrier, and all_reduce, all_gather, reduce_scatter and broadcast whose
 //     data per rank fits the shared-memory path's limit and which the CPU
 //     algorithms would run as a direct exchange (or broadcast from the
@@ -59,6 +60,13 @@ constexpr bool hierarchical_size(size_t bytes) {
   return bytes != 0 && (bytes < kFlatAcrossHostsMinBytes || bytes > kFlatAcrossHostsMaxBytes);
 }
 
+// An all_gather over several hosts of equal size takes the hierarchical
+// path up to this size per rank. Rule: up to it one message per host
+// crosses instead of one per pair of ranks, and the small ops' time is
+// their messages; from 64 KiB per rank the flat ring, one pipeline over
+// every rank, was as fast or faster (docs/PERFORMANCE.md, "Two hosts").
+inline constexpr size_t kHierarchicalAllGatherMaxBytes = 16 * 1024;
+
 // What a UCX comm's plan reads besides the op, fixed when it connects.
 struct UcxShape {
   int size = 1;
@@ -71,6 +79,9 @@ struct UcxShape {
   // The ranks span several hosts and some host has several
   // (cpu_algorithms::spans_hosts_with_neighbours).
   bool hierarchical = false;
+  // hierarchical, and every host has as many ranks
+  // (cpu_algorithms::hosts_of_equal_size).
+  bool hierarchical_all_gather = false;
   // The comm has the zero-copy path (it needs the shared-memory
   // collectives), and the smallest op it tries there (bytes per rank;
   // COMMS_UCX_ZERO_COPY_MIN_BYTES).
@@ -94,6 +105,10 @@ constexpr Plan usual_plan(plugin::OpType type, size_t bytes, const UcxShape& com
   if (type == OpType::kSend || type == OpType::kRecv || type == OpType::kBatchP2P) return {Path::kPointToPoint};
   if (comm.size == 1) return {Path::kOneRank};
   if (comm.hierarchical && type == OpType::kAllReduce && hierarchical_size(bytes)) return {Path::kHierarchical};
+  if (comm.hierarchical_all_gather && type == OpType::kAllGather && bytes != 0 &&
+      bytes <= kHierarchicalAllGatherMaxBytes) {
+    return {Path::kHierarchical};
+  }
   const Algorithm a = cpu_algorithms::algorithm_for(type, bytes, comm.size, /*in_place=*/true);
   if (comm.shm_max_bytes != 0) {
     const size_t n = static_cast<size_t>(comm.size);
@@ -112,7 +127,10 @@ constexpr std::string_view usual_path_name(plugin::OpType type, size_t bytes, Pl
     case Path::kPointToPoint: return "ucp tag send/recv";
     case Path::kOneRank: return "one-rank copy";
     case Path::kShm: return "shm";
-    case Path::kHierarchical: return "hierarchical: reduce in each host, all_reduce between hosts, broadcast";
+    case Path::kHierarchical:
+      return type == plugin::OpType::kAllGather
+                 ? "hierarchical: all_gather in each host, all_gather between hosts, broadcast"
+                 : "hierarchical: reduce in each host, all_reduce between hosts, broadcast";
     case Path::kCollectives:
       return cpu_algorithms::algorithm_name(
           type, comm.copies_direct ? p.algorithm : cpu_algorithms::fallback_of(type, p.algorithm, bytes, comm.size));

@@ -185,9 +185,9 @@ std::vector<std::unique_ptr<Job>> start_on_own_hosts(const Network& net, const s
   return jobs;
 }
 
-// The ops whose paths know hosts (the UCX plan's hierarchical all_reduce)
-// and the gathers beside them, every dtype, reduction, placement and count
-// (the large one runs each phase's large-message algorithm).
+// The ops whose paths know hosts (the UCX plan's hierarchical all_reduce and
+// all_gather), every dtype, reduction, placement and count (the large one
+// runs each phase's large-message algorithm, and all_gather's the flat one).
 TEST_F(MultiHost, ConformanceReductionsAndGathersPassWithTwoRanksOnEachOfTwoHosts) {
   if (find_tool("unshare").empty()) GTEST_SKIP() << "needs util-linux's unshare (a host name per node)";
   std::vector<std::string> backends = {"cpu:gloo"};
@@ -210,12 +210,16 @@ TEST_F(MultiHost, ConformanceReductionsAndGathersPassWithTwoRanksOnEachOfTwoHost
     EXPECT_EQ(m[2], "0") << report;
 #if UCX_PLUGIN_BUILT
     if (backend != "cpu:ucx") continue;
-    // The same placement takes the hierarchical path (so the cases above ran it).
-    auto bench = start_on_own_hosts(net, {COMMS_BENCH, "-C", "all_reduce", "-b", "4K", "-e", "4K", "--iters", "3",
-                                          "--warmup", "1", "--check", "1", "--backend", backend}, e);
-    ASSERT_TRUE(wait_all(raw(bench), Clock::now() + 110s)) << outputs(bench);
-    for (size_t i = 0; i < bench.size(); ++i) EXPECT_EQ(bench[i]->exit_code(), 0) << outputs(bench);
-    EXPECT_NE(bench[0]->find("hierarchical"), nullptr) << outputs(bench);
+    // The same placement takes the hierarchical paths (so the cases above ran them).
+    const std::pair<std::string, std::string> paths[] = {{"all_reduce", "hierarchical: reduce in each host"},
+                                                         {"all_gather", "hierarchical: all_gather in each host"}};
+    for (const auto& [op, path] : paths) {
+      auto bench = start_on_own_hosts(net, {COMMS_BENCH, "-C", op, "-b", "4K", "-e", "4K", "--iters", "3",
+                                            "--warmup", "1", "--check", "1", "--backend", backend}, e);
+      ASSERT_TRUE(wait_all(raw(bench), Clock::now() + 110s)) << outputs(bench);
+      for (size_t i = 0; i < bench.size(); ++i) EXPECT_EQ(bench[i]->exit_code(), 0) << outputs(bench);
+      EXPECT_NE(bench[0]->find(path), nullptr) << outputs(bench);
+    }
 #endif
   }
 }

@@ -91,6 +91,57 @@ TEST(Hierarchical, AllReduceSumsEveryRanksInputInEveryHostLayout) {
   }
 }
 
+// Hosts of equal size: contiguous, interleaved (the leaders' blocks then
+// come out of rank order), three hosts, hosts numbered out of order.
+const std::vector<std::vector<int>> kEqualLayouts = {
+    {0, 0, 1, 1}, {0, 1, 0, 1}, {0, 1, 2, 0, 1, 2}, {5, 5, 5, 2, 2, 2}, {3, 1, 1, 3},
+};
+
+TEST(Hierarchical, HostsOfEqualSize) {
+  for (const auto& hosts : kEqualLayouts) EXPECT_TRUE(hosts_of_equal_size(hosts));
+  EXPECT_FALSE(hosts_of_equal_size({0, 0, 1}));
+  EXPECT_FALSE(hosts_of_equal_size({5, 5, 2, 2, 2, 9}));
+}
+
+// Every rank's block in rank order on every rank, in and out of place, at
+// sizes on both sides of each phase's algorithm cuts.
+TEST(Hierarchical, AllGatherPutsEveryRanksBlockInRankOrderInEveryEqualLayout) {
+  for (const auto& hosts : kEqualLayouts) {
+    const int n = static_cast<int>(hosts.size());
+    for (size_t bytes : {size_t{1}, size_t{7}, kExchangeMaxBytes / 8, kAllGatherDirectMinBytes + 3, size_t{70001}}) {
+      for (bool same : {false, true}) {
+        for (bool direct : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "ranks " << n << " bytes " << bytes << " in-place " << same << " direct "
+                                          << direct);
+          run_hosts(
+              hosts,
+              [&](int r, Hierarchical& h) {
+                const auto byte = [](int q, size_t i) { return static_cast<unsigned char>(q * 31 + i * 7 + 1); };
+                std::vector<unsigned char> in(bytes), out(bytes * static_cast<size_t>(n), 0xEE);
+                unsigned char* const mine = same ? out.data() + static_cast<size_t>(r) * bytes : in.data();
+                for (size_t i = 0; i < bytes; ++i) mine[i] = byte(r, i);
+                h.all_gather(mine, out.data(), bytes, 10s);
+                for (int q = 0; q < n; ++q) {
+                  for (size_t i = 0; i < bytes; ++i) {
+                    ASSERT_EQ(out[static_cast<size_t>(q) * bytes + i], byte(q, i))
+                        << "rank " << r << ": block " << q << " byte " << i;
+                  }
+                }
+              },
+              direct);
+        }
+      }
+    }
+  }
+}
+
+TEST(Hierarchical, AllGatherRefusesHostsOfUnequalSize) {
+  run_hosts({0, 0, 1}, [](int, Hierarchical& h) {
+    unsigned char in = 1, out[3];
+    EXPECT_THROW(h.all_gather(&in, out, 1, 1s), std::logic_error);
+  });
+}
+
 TEST(Hierarchical, FloatSumsGiveEveryRankTheSameBits) {
   for (const auto& hosts : kLayouts) {
     const size_t n = hosts.size();

@@ -225,5 +225,22 @@ TEST(PathTable, AllReduceOverSeveralHostsIsHierarchicalOutsideTheFlatBand) {
             R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":16384,"path":"sync exchange"},{"max_bytes":null,"path":"sync pipelined ring"}])");
 }
 
+// Over hosts of equal size all_gather takes the hierarchy up to its limit.
+TEST(PathTable, AllGatherOverHostsOfEqualSizeIsHierarchicalUpToItsLimit) {
+  ucx_backend::UcxShape comm{4, 0, false};
+  comm.hierarchical = true;
+  comm.hierarchical_all_gather = true;
+  auto name = [&](OpType type, size_t bytes) {
+    return ucx_backend::path_name(type, bytes, ucx_backend::plan(type, bytes, comm), comm);
+  };
+  const auto ucx = paths_json<nlohmann::json>(
+      name, 4,
+      {ucx_backend::kFlatAcrossHostsMinBytes, ucx_backend::kFlatAcrossHostsMaxBytes,
+       ucx_backend::kHierarchicalAllGatherMaxBytes});
+  EXPECT_EQ(ucx.at("all_gather").dump(),
+            R"([{"max_bytes":0,"path":"pairwise exchange"},{"max_bytes":16384,"path":"hierarchical: all_gather in each host, all_gather between hosts, broadcast"},{"max_bytes":null,"path":"sync pipelined ring"}])");
+  expect_table_matches(ucx, 4, name, "ucx over hosts of equal size");
+}
+
 }  // namespace
 }  // namespace comms::cpu_algorithms
