@@ -45,9 +45,11 @@ Bench::Shape Bench::prepare(size_t bytes, bool in_place) {
     huge_in_ = HugePageBuffer(in_.size());
     huge_out_ = HugePageBuffer(out_.size());
     const size_t huge = huge_in_.huge_bytes() + huge_out_.huge_bytes();
-    // Below one huge page a buffer has none to give; beyond it, a shortfall
+    // Each whole 2 MiB page of the two buffers should be a huge one; fewer
     // means THP is off or memory fragmented, and the row measures 4 KiB pages.
-    if (in_.size() >= (size_t(4) << 20) && huge < in_.size() && !warned_small_pages_) {
+    constexpr size_t kHugePage = size_t(2) << 20;
+    const size_t whole = (in_.size() / kHugePage + out_.size() / kHugePage) * kHugePage;
+    if (huge < whole && !warned_small_pages_) {
       warned_small_pages_ = true;
       std::fprintf(stderr,
                    "comms-bench: --huge-pages: rank %d has %zu of its %zu buffer bytes in huge pages "
