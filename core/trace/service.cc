@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -97,14 +98,19 @@ struct StoreWatch {
   int64_t seen = -1;
   int failures = 0;
 };
+// Keyed by the store object's ownership, not its address: a new store made
+// where a freed one was starts unseen, with its own request numbers.
+using StoreWatches = std::map<std::weak_ptr<Store>, StoreWatch, std::owner_less<>>;
 
-void answer_requests(std::map<Store*, StoreWatch>& watches) {
-  std::map<Store*, std::vector<std::shared_ptr<Recorder>>> by_store;
+void answer_requests(StoreWatches& watches) {
+  std::map<std::weak_ptr<Store>, std::vector<std::shared_ptr<Recorder>>, std::owner_less<>> by_store;
   for (auto& r : live()) {
-    if (r->info().store) by_store[r->info().store.get()].push_back(r);
+    if (r->info().store) by_store[r->info().store].push_back(r);
   }
-  for (auto& [store, recorders] : by_store) {
-    StoreWatch& w = watches[store];
+  std::erase_if(watches, [](const auto& w) { return w.first.expired(); });
+  for (auto& [weak_store, recorders] : by_store) {
+    const std::shared_ptr<Store> store = recorders.front()->info().store;
+    StoreWatch& w = watches[weak_store];
     if (w.failures >= 3) continue;  // the store is gone (the job is ending)
     int64_t now = 0;
     try {
@@ -128,7 +134,7 @@ void answer_requests(std::map<Store*, StoreWatch>& watches) {
 }
 
 void watch() {
-  std::map<Store*, StoreWatch> watches;
+  StoreWatches watches;
   Registry& reg = registry();
   const int fd = reg.wake_read.load();
   auto next_answer = std::chrono::steady_clock::now();
