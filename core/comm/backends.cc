@@ -130,7 +130,7 @@ void Comm::Impl::connect_bound_backend() {
   // A backend made ready by its parent (a native grow) is connected already.
   if (config_.bound_device && device_backend(config_.bound_device->type).state.load() == BackendState::kLazy) {
     const DeviceType t = config_.bound_device->type;
-    ensure_ready(device_backend(t), t, OpType::kBarrier, 0);
+    ensure_ready(device_backend(t), t, OpType::kBarrier, 0, 0);
     flush_barrier(t);
   }
   if (log::enabled(log::Level::kInfo)) {
@@ -153,7 +153,7 @@ internal::InitProgress Comm::Impl::init_progress(DeviceType t) const {
   return internal::InitProgress(config_.store, store_prefix(t), config_.rank, config_.size);
 }
 
-void Comm::Impl::ensure_ready(DeviceBackend& s, DeviceType t, OpType type, uint64_t seq) {
+void Comm::Impl::ensure_ready(DeviceBackend& s, DeviceType t, OpType type, uint64_t seq, uint64_t collective) {
   if (s.state.load() != BackendState::kLazy) return;
   const auto progress = init_progress(t);
   progress.arrived();
@@ -176,7 +176,7 @@ void Comm::Impl::ensure_ready(DeviceBackend& s, DeviceType t, OpType type, uint6
                                         "first op (or pass a device to new_comm to connect "
                                         "eagerly)"),
                    st.peer};
-    throw failed_op(type, seq, wrapped, t);
+    throw failed_op(type, seq, collective, wrapped, t);
   }
   s.state = BackendState::kReady;
 }
@@ -192,7 +192,7 @@ void Comm::Impl::flush_barrier(DeviceType t) {
   record.seq = d.seq;
   record.op = OpType::kBarrier;
   record.device = t;
-  recorder_->issued(record);
+  const uint64_t collective = recorder_->issued(record);
   std::unique_ptr<plugin::Work> work;
   Status st = internal::call_plugin(s.plugin->name, "submit", [&] { return s.backend->submit(d, &work); });
   if (st.is_ok() && work) {
@@ -200,9 +200,9 @@ void Comm::Impl::flush_barrier(DeviceType t) {
   }
   if (!st.is_ok()) {
     st.message = str::cat("flush barrier after binding ", s.device.to_string(), ": ", st.message);
-    throw failed_op(OpType::kBarrier, d.seq, st, t);
+    throw failed_op(OpType::kBarrier, d.seq, collective, st, t);
   }
-  recorder_->completed(d.seq, OpType::kBarrier);
+  recorder_->completed(d.seq, OpType::kBarrier, collective);
 }
 
 }  // namespace comms

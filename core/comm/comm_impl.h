@@ -35,9 +35,10 @@ namespace internal {
 // What an outstanding async op needs to report its result with context.
 class WorkState {
  public:
+  // collective: Recorder::issued's number (0: a point-to-point op).
   WorkState(std::shared_ptr<Comm::Impl> comm, std::unique_ptr<plugin::Work> work,
-            plugin::OpType type, uint64_t seq, DeviceType device_type)
-      : comm_(std::move(comm)), work_(std::move(work)), type_(type), seq_(seq),
+            plugin::OpType type, uint64_t seq, uint64_t collective, DeviceType device_type)
+      : comm_(std::move(comm)), work_(std::move(work)), type_(type), seq_(seq), collective_(collective),
         device_type_(device_type) {}
   // A window op's (window.cc): not in the flight recorder.
   WorkState(std::shared_ptr<Comm::Impl> comm, std::unique_ptr<plugin::Work> work,
@@ -59,6 +60,7 @@ class WorkState {
   std::unique_ptr<plugin::Work> work_;
   plugin::OpType type_;
   uint64_t seq_;
+  uint64_t collective_ = 0;
   DeviceType device_type_;
   std::optional<plugin::WindowOpType> window_op_;
   std::mutex mu_;  // held through a wait
@@ -173,12 +175,13 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   // The comm's three error builders. error() above: anything but an op.
   // op_error(): an op refused before it reached the backend, "<prefix>
   // <op> #<seq>: <code>: <message>" with comm, op, seq, rank and peer.
-  // failed_op(): an op the backend failed: recorded, a timeout's message
-  // names the ranks behind (trace::find_culprit), and a fatal one fails the
-  // backend (on_fatal); then op_error()'s text.
+  // failed_op(): an op the backend failed: recorded, a collective's timeout
+  // message names the ranks behind (trace::find_culprit, by `collective`,
+  // Recorder::issued's number), and a fatal one fails the backend
+  // (on_fatal); then op_error()'s text.
   Error op_error(plugin::OpType type, uint64_t seq, const Status& status) const;
   Error op_error(std::string_view op, uint64_t seq, const Status& status) const;
-  Error failed_op(plugin::OpType type, uint64_t seq, Status status, DeviceType device_type);
+  Error failed_op(plugin::OpType type, uint64_t seq, uint64_t collective, Status status, DeviceType device_type);
   // The comm's flight recorder (never null).
   trace::Recorder& recorder() const { return *recorder_; }
   // Marks the backend failed after a fatal op error; honours
@@ -281,7 +284,7 @@ class Comm::Impl : public std::enable_shared_from_this<Comm::Impl> {
   plugin::BackendInit init_for(DeviceType t) const;
   std::string store_prefix(DeviceType t) const;
   // Connects a lazy backend (collective); throws with op context on failure.
-  void ensure_ready(DeviceBackend& db, DeviceType t, plugin::OpType type, uint64_t seq);
+  void ensure_ready(DeviceBackend& db, DeviceType t, plugin::OpType type, uint64_t seq, uint64_t collective);
   // Which ranks came to, and how far they got in, connecting backend `t`.
   internal::InitProgress init_progress(DeviceType t) const;
   void flush_barrier(DeviceType t);

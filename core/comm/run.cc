@@ -63,7 +63,7 @@ void Comm::Impl::on_fatal(DeviceType t, const Error& error) {
   }
 }
 
-Error Comm::Impl::failed_op(OpType type, uint64_t seq, Status status, DeviceType t) {
+Error Comm::Impl::failed_op(OpType type, uint64_t seq, uint64_t collective, Status status, DeviceType t) {
   if (revoked_.load() && internal::is_fatal(status.code) && status.code != ErrorCode::kRevoked) {
     // The revocation ended it (its abort), whatever the backend saw.
     std::string why;
@@ -76,7 +76,7 @@ Error Comm::Impl::failed_op(OpType type, uint64_t seq, Status status, DeviceType
   }
   recorder_->failed(seq, status.code, status.peer);
   if (status.code == ErrorCode::kTimeout) {
-    const std::string culprit = trace::find_culprit(recorder_, seq, type);
+    const std::string culprit = trace::find_culprit(recorder_, collective, type);
     if (!culprit.empty()) str::append(status.message, "; ", culprit);
   }
   Error e = op_error(type, seq, status);
@@ -211,7 +211,7 @@ void Comm::Impl::check_same_args(const trace::OpRecord& r, const internal::OpArg
   }
   const Status st = trace::check_same_args(*recorder_, r, counts, timeout);
   if (st.is_ok()) return;
-  Error e = failed_op(r.op, r.seq, st, t);
+  Error e = failed_op(r.op, r.seq, r.collective, st, t);
   if (!internal::is_fatal(st.code)) trace::dump(*recorder_, e.what());
   throw e;
 }
@@ -248,9 +248,10 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   const bool checks = detail_checks_ && !is_p2p(args.type);
   // Nothing runs between issue and start unless the backend connects or
   // the arguments are compared first: then start is stamped on its own.
-  const trace::OpRecord record = op_record(d, t);
-  recorder_->issued(record, recorder_->capacity() ? trace::ticks() : 0, /*started=*/!lazy && !checks);
-  if (lazy) ensure_ready(s, t, args.type, seq);
+  trace::OpRecord record = op_record(d, t);
+  record.collective = recorder_->issued(record, recorder_->capacity() ? trace::ticks() : 0, /*started=*/!lazy && !checks);
+  const uint64_t collective = record.collective;
+  if (lazy) ensure_ready(s, t, args.type, seq, collective);
   if (checks) check_same_args(record, args, d.timeout, t);
   if (lazy || checks) recorder_->started(seq);
 
@@ -273,17 +274,18 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
 
   std::unique_ptr<plugin::Work> work;
   st = internal::call_plugin(s.plugin->name, "submit", [&] { return s.backend->submit(d, &work); });
-  if (!st.is_ok()) [[unlikely]] throw failed_op(args.type, seq, st, t);
+  if (!st.is_ok()) [[unlikely]] throw failed_op(args.type, seq, collective, st, t);
   if (!work) {
-    recorder_->completed(seq, args.type);
+    recorder_->completed(seq, args.type, collective);
     return Work();
   }
   if (opts.async) {
-    return Work(std::make_shared<internal::WorkState>(shared_from_this(), std::move(work), args.type, seq, t));
+    return Work(std::make_shared<internal::WorkState>(shared_from_this(), std::move(work), args.type, seq,
+                                                      collective, t));
   }
   st = internal::call_plugin(s.plugin->name, "wait", [&] { return work->wait(WaitMode::kStream); });
-  if (!st.is_ok()) [[unlikely]] throw failed_op(args.type, seq, st, t);
-  recorder_->completed(seq, args.type);
+  if (!st.is_ok()) [[unlikely]] throw failed_op(args.type, seq, collective, st, t);
+  recorder_->completed(seq, args.type, collective);
   return Work();
 }
 

@@ -33,9 +33,9 @@ std::optional<Error> WorkState::wait(WaitMode mode) {
   if (window_op_) {
     if (!st.is_ok()) error_ = comm_->failed_window_op(*window_op_, seq_, st, device_type_);
   } else if (!st.is_ok()) {
-    error_ = comm_->failed_op(type_, seq_, st, device_type_);
+    error_ = comm_->failed_op(type_, seq_, collective_, st, device_type_);
   } else {
-    comm_->recorder().completed(seq_, type_);
+    comm_->recorder().completed(seq_, type_, collective_);
   }
   done_.store(true, std::memory_order_release);
   return error_;

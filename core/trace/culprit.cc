@@ -34,22 +34,26 @@ std::string list(const std::vector<int>& ranks) {
   return out + "]";
 }
 
-std::string describe(const std::string& op, uint64_t seq, const std::map<int, Progress>& got, int size) {
+// `n`: the failing collective's number (Recorder::issued); every Progress
+// counts collectives, not seq, since point-to-point ops move seq on some
+// ranks only.
+std::string describe(const std::string& op, uint64_t n, const std::map<int, Progress>& got, int size) {
   std::vector<int> behind, ahead, inside, silent;
   for (int r = 0; r < size; ++r) {
     auto it = got.find(r);
     if (it == got.end()) silent.push_back(r);
-    else if (it->second.entered < seq) behind.push_back(r);
-    else if (it->second.entered > seq) ahead.push_back(r);
-    else if (it->second.completed < seq) inside.push_back(r);
+    else if (it->second.entered < n) behind.push_back(r);
+    else if (it->second.entered > n) ahead.push_back(r);
+    else if (it->second.completed < n) inside.push_back(r);
   }
+  auto named = [](const std::string& name, uint64_t k) { return str::cat("collective #", k, " (", name, ")"); };
   std::string out;
   if (!behind.empty()) {
-    str::append(out, "ranks that never entered ", op, " #", seq, ": ", list(behind), " (");
+    str::append(out, "ranks that never entered ", named(op, n), ": ", list(behind), " (");
     for (size_t i = 0; i < behind.size() && i < 8; ++i) {
       const Progress& p = got.at(behind[i]);
       str::append(out, i ? "; " : "", "rank ", behind[i], " last completed ",
-                  p.completed ? str::cat(p.completed_op, " #", p.completed) : std::string("no op"));
+                  p.completed ? named(p.completed_op, p.completed) : std::string("no collective"));
     }
     out += behind.size() > 8 ? "; ...)" : ")";
   }
@@ -58,14 +62,14 @@ std::string describe(const std::string& op, uint64_t seq, const std::map<int, Pr
                 std::chrono::duration<double>(kAnswerWait).count(), " s (stopped, dead or cut off): ", list(silent));
   }
   if (!ahead.empty()) {
-    str::append(out, out.empty() ? "" : "; ", "ranks already past #", seq, ": ", list(ahead), " (rank ", ahead[0],
-                " entered ", got.at(ahead[0]).entered_op, " #", got.at(ahead[0]).entered, ")");
+    str::append(out, out.empty() ? "" : "; ", "ranks already past collective #", n, ": ", list(ahead), " (rank ",
+                ahead[0], " entered ", named(got.at(ahead[0]).entered_op, got.at(ahead[0]).entered), ")");
   }
-  if (out.empty()) str::append(out, "every rank entered ", op, " #", seq, "; still in it: ", list(inside));
+  if (out.empty()) str::append(out, "every rank entered ", named(op, n), "; still in it: ", list(inside));
   return out;
 }
 
-std::string search(const Recorder& rec, uint64_t seq, plugin::OpType op) {
+std::string search(const Recorder& rec, uint64_t collective, plugin::OpType op) {
   Store& store = *rec.info().store;
   const int64_t req = store.add(kRequestKey, 1);
   publish_progress(rec, req);
@@ -82,30 +86,30 @@ std::string search(const Recorder& rec, uint64_t seq, plugin::OpType op) {
     Progress p;
     if (in >> p.entered >> p.completed >> p.entered_op >> p.completed_op) got[r] = p;
   }
-  return describe(std::string(plugin::op_name(op)), seq, got, rec.info().size);
+  return describe(std::string(plugin::op_name(op)), collective, got, rec.info().size);
 }
 
 }  // namespace
 
 void publish_progress(const Recorder& rec, int64_t req) {
   Store& store = *rec.info().store;
-  const uint64_t entered = rec.last_entered(), completed = rec.last_completed();
+  const uint64_t entered = rec.last_entered_collective(), completed = rec.last_completed_collective();
   store.set(key(rec, "progress", req, rec.info().rank),
-            str::cat(entered, " ", completed, " ", plugin::op_name(rec.last_entered_op()), " ",
-                     plugin::op_name(rec.last_completed_op())));
+            str::cat(entered, " ", completed, " ", plugin::op_name(rec.last_entered_collective_op()), " ",
+                     plugin::op_name(rec.last_completed_collective_op())));
   // Counted once per rank, though the rank that asks also answers itself.
   if (store.add(key(rec, "progress", req, rec.info().rank) + "/n", 1) == 1) store.add(key(rec, "answers", req, 0), 1);
 }
 
-std::string find_culprit(const std::shared_ptr<Recorder>& rec, uint64_t seq, plugin::OpType op) {
-  if (!rec->info().store || rec->info().size <= 1) return {};
+std::string find_culprit(const std::shared_ptr<Recorder>& rec, uint64_t collective, plugin::OpType op) {
+  if (!rec->info().store || rec->info().size <= 1 || collective == 0) return {};
   auto result = std::make_shared<std::promise<std::string>>();
   auto answer = result->get_future();
   // On its own thread so that a store that never answers cannot hold the
   // failing op past the limit; the thread keeps what it uses alive.
-  std::thread([rec, seq, op, result] {
+  std::thread([rec, collective, op, result] {
     try {
-      result->set_value(search(*rec, seq, op));
+      result->set_value(search(*rec, collective, op));
     } catch (const std::exception& e) {
       result->set_value(str::cat("could not ask the store how far the other ranks got: ", e.what()));
     }
@@ -128,7 +132,7 @@ Status check_same_args(const Recorder& rec, const OpRecord& r, const std::string
   if (!info.store || info.size <= 1) return {};
   // Numbered by collective, not by seq: point-to-point ops move seq on some
   // ranks only.
-  const int64_t n = rec.next_collective();
+  const uint64_t n = r.collective;
   std::string mine = str::cat(plugin::op_name(r.op), " ", to_string(r.dtype), " x ", r.count);
   if (r.root >= 0) str::append(mine, " root ", r.root);
   if (r.op == plugin::OpType::kAllReduce || r.op == plugin::OpType::kReduce ||
@@ -145,12 +149,11 @@ Status check_same_args(const Recorder& rec, const OpRecord& r, const std::string
     // Every rank has read collective n - 2's keys before posting n - 1's.
     if (n > 2) info.store->delete_key(key(rec, "args", n - 2, info.rank));
   } catch (const Error& e) {
-    return {e.code(), str::cat("COMMS_DEBUG=detail: exchanging the arguments of ", plugin::op_name(r.op),
-                               " #", r.seq, " with the other ranks failed: ", e.what())};
+    return {e.code(), str::cat("COMMS_DEBUG=detail: exchanging the arguments of collective #", n, " (",
+                               plugin::op_name(r.op), ") with the other ranks failed: ", e.what())};
   }
   if (by_args.size() == 1) return {};
-  std::string msg = str::cat("COMMS_DEBUG=detail: the ranks called different collectives as ", plugin::op_name(r.op),
-                             " #", r.seq, ": ");
+  std::string msg = str::cat("COMMS_DEBUG=detail: the ranks called different collectives as collective #", n, ": ");
   bool first = true;
   for (const auto& [args, ranks] : by_args) {
     str::append(msg, first ? "" : ", ", ranks.size() > 1 ? "ranks " : "rank ");

@@ -12,7 +12,8 @@ namespace comms::trace {
 
 inline constexpr const char* kRequestKey = "comms-trace/request";
 
-// Sets this rank's progress on `recorder`'s comm for request `req`:
+// Sets this rank's progress on `recorder`'s comm for request `req`, in
+// collectives (Recorder::last_entered_collective):
 // "<entered> <completed> <entered op> <completed op>".
 void publish_progress(const Recorder& recorder, int64_t req);
 

@@ -104,13 +104,19 @@ Recorder::Entry* Recorder::entry_of(uint64_t seq) const {
   return &entries_[seq & mask_];
 }
 
-void Recorder::issued(const OpRecord& r, int64_t at, bool started) {
+uint64_t Recorder::issued(const OpRecord& r, int64_t at, bool started) {
   last_entered_.store(r.seq, std::memory_order_relaxed);
-  last_entered_op_.store(static_cast<uint8_t>(r.op), std::memory_order_relaxed);
+  uint64_t collective = 0;
+  if (is_collective(r.op)) {
+    collective = last_entered_collective_.load(std::memory_order_relaxed) + 1;
+    last_entered_collective_.store(collective, std::memory_order_relaxed);
+    last_entered_collective_op_.store(static_cast<uint8_t>(r.op), std::memory_order_relaxed);
+  }
   Entry* s = entry_of(r.seq);
-  if (!s) return;
+  if (!s) return collective;
   s->seq.store(0, std::memory_order_relaxed);  // readers skip the entry while it changes
   std::atomic_thread_fence(std::memory_order_release);
+  s->collective.store(collective, std::memory_order_relaxed);
   s->count.store(r.count, std::memory_order_relaxed);
   s->kinds.store(static_cast<uint32_t>(r.op) | static_cast<uint32_t>(r.dtype) << 8 |
                      static_cast<uint32_t>(r.reduction) << 16 | static_cast<uint32_t>(r.device) << 24,
@@ -124,6 +130,7 @@ void Recorder::issued(const OpRecord& r, int64_t at, bool started) {
   s->state.store(static_cast<uint8_t>(started ? OpState::kStarted : OpState::kIssued), std::memory_order_relaxed);
   s->error.store(0, std::memory_order_relaxed);
   s->seq.store(r.seq, std::memory_order_release);
+  return collective;
 }
 
 void Recorder::started(uint64_t seq) {
@@ -133,12 +140,22 @@ void Recorder::started(uint64_t seq) {
   s->state.store(static_cast<uint8_t>(OpState::kStarted), std::memory_order_release);
 }
 
-void Recorder::completed(uint64_t seq, plugin::OpType op) {
-  // Ops complete in order on a comm, except async ones waited out of order.
-  uint64_t prev = last_completed_.load(std::memory_order_relaxed);
-  while (prev < seq && !last_completed_.compare_exchange_weak(prev, seq, std::memory_order_relaxed)) {
+namespace {
+// Ops complete in order on a comm, except async ones waited out of order:
+// `last` only grows. True when n became the last.
+bool raise_to(std::atomic<uint64_t>& last, uint64_t n) {
+  uint64_t prev = last.load(std::memory_order_relaxed);
+  while (prev < n && !last.compare_exchange_weak(prev, n, std::memory_order_relaxed)) {
   }
-  if (prev < seq) last_completed_op_.store(static_cast<uint8_t>(op), std::memory_order_relaxed);
+  return prev < n;
+}
+}  // namespace
+
+void Recorder::completed(uint64_t seq, plugin::OpType op, uint64_t collective) {
+  raise_to(last_completed_, seq);
+  if (collective && raise_to(last_completed_collective_, collective)) {
+    last_completed_collective_op_.store(static_cast<uint8_t>(op), std::memory_order_relaxed);
+  }
   Entry* s = entry_of(seq);
   if (!s || s->seq.load(std::memory_order_relaxed) != seq) return;
   const int64_t now = ticks();
@@ -162,6 +179,7 @@ bool Recorder::read(const Entry& s, const TicksToNs& to_ns, OpRecord* out) const
   OpRecord r;
   r.seq = seq;
   r.state = static_cast<OpState>(s.state.load(std::memory_order_acquire));
+  r.collective = s.collective.load(std::memory_order_relaxed);
   r.count = s.count.load(std::memory_order_relaxed);
   const uint32_t kinds = s.kinds.load(std::memory_order_relaxed);
   r.op = static_cast<plugin::OpType>(kinds & 0xff);
@@ -213,6 +231,7 @@ std::string Recorder::to_json(const std::string& reason) const {
   nlohmann::json entries = nlohmann::json::array();
   for (const OpRecord& r : snapshot()) {
     nlohmann::json e = {{"seq", r.seq},
+                        {"collective", r.collective},
                         {"op", plugin::op_name(r.op)},
                         {"dtype", comms::to_string(r.dtype)},
                         {"count", r.count},
@@ -240,6 +259,8 @@ std::string Recorder::to_json(const std::string& reason) const {
                         {"capacity", capacity_},
                         {"last_entered", last_entered()},
                         {"last_completed", last_completed()},
+                        {"last_entered_collective", last_entered_collective()},
+                        {"last_completed_collective", last_completed_collective()},
                         {"entries", std::move(entries)}};
   return json_text(out, 1);
 }

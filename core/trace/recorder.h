@@ -20,9 +20,18 @@ namespace comms::trace {
 enum class OpState : uint8_t { kIssued, kStarted, kCompleted, kFailed };
 std::string_view to_string(OpState s);
 
+// Point-to-point ops run on some ranks only, so their seq numbers (and the
+// seq of every op after them) differ across ranks; collectives run on every
+// rank in the same order, so their count lines ranks up (as torch's flight
+// recorder's collective_seq_id does).
+constexpr bool is_collective(plugin::OpType t) {
+  return t != plugin::OpType::kSend && t != plugin::OpType::kRecv && t != plugin::OpType::kBatchP2P;
+}
+
 // What the ring keeps of one op, as a plain copy.
 struct OpRecord {
   uint64_t seq = 0;  // 0: empty entry
+  uint64_t collective = 0;  // 1, 2, ...: which of the comm's collectives; 0: a point-to-point op
   plugin::OpType op = plugin::OpType::kAllReduce;
   DataType dtype = DataType::kFloat32;
   ReduceKind reduction = ReduceKind::kSum;
@@ -96,13 +105,16 @@ class Recorder {
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
 
-  // r's fields but its times; `at` (of ticks()) is the issue time, and with
-  // `started` the start time too (one write of the entry).
-  void issued(const OpRecord& r, int64_t at, bool started = false);
-  void issued(const OpRecord& r) { issued(r, capacity_ ? ticks() : 0); }
+  // r's fields but its times and collective number, which this assigns and
+  // returns (0 for a point-to-point op); `at` (of ticks()) is the issue
+  // time, and with `started` the start time too (one write of the entry).
+  // One issuing thread at a time (comm.h).
+  uint64_t issued(const OpRecord& r, int64_t at, bool started = false);
+  uint64_t issued(const OpRecord& r) { return issued(r, capacity_ ? ticks() : 0); }
   void started(uint64_t seq);
-  // `op` keeps the last completed op's name known with the ring off.
-  void completed(uint64_t seq, plugin::OpType op);
+  // `op` and `collective` (issued()'s answer) keep the last completed
+  // collective known with the ring off.
+  void completed(uint64_t seq, plugin::OpType op, uint64_t collective);
   void failed(uint64_t seq, ErrorCode code, int peer);
 
   // Every live entry, oldest first (torn entries skipped).
@@ -111,13 +123,16 @@ class Recorder {
   bool find(uint64_t seq, OpRecord* out) const;
   uint64_t last_entered() const { return last_entered_.load(std::memory_order_relaxed); }
   uint64_t last_completed() const { return last_completed_.load(std::memory_order_relaxed); }
-  plugin::OpType last_entered_op() const { return static_cast<plugin::OpType>(last_entered_op_.load(std::memory_order_relaxed)); }
-  plugin::OpType last_completed_op() const {
-    return static_cast<plugin::OpType>(last_completed_op_.load(std::memory_order_relaxed));
+  // The same for collectives alone (numbers, not seq): what ranks compare.
+  uint64_t last_entered_collective() const { return last_entered_collective_.load(std::memory_order_relaxed); }
+  uint64_t last_completed_collective() const { return last_completed_collective_.load(std::memory_order_relaxed); }
+  plugin::OpType last_entered_collective_op() const {
+    return static_cast<plugin::OpType>(last_entered_collective_op_.load(std::memory_order_relaxed));
+  }
+  plugin::OpType last_completed_collective_op() const {
+    return static_cast<plugin::OpType>(last_completed_collective_op_.load(std::memory_order_relaxed));
   }
   size_t capacity() const { return capacity_; }
-  // 1, 2, ...: numbers the collectives COMMS_DEBUG=detail checks.
-  int64_t next_collective() const { return collectives_.fetch_add(1, std::memory_order_relaxed) + 1; }
   const CommInfo& info() const { return info_; }
 
   // The dump's JSON text (see docs/DEBUGGING.md for its fields).
@@ -126,6 +141,7 @@ class Recorder {
  private:
   struct Entry {
     std::atomic<uint64_t> seq{0};
+    std::atomic<uint64_t> collective{0};
     std::atomic<uint64_t> count{0};
     std::atomic<uint32_t> kinds{0};  // op, dtype, reduction, device (a byte each)
     std::atomic<int32_t> root{-1}, peer{-1};
@@ -143,8 +159,9 @@ class Recorder {
   std::unique_ptr<Entry[]> entries_;
   std::atomic<uint64_t> last_entered_{0};
   std::atomic<uint64_t> last_completed_{0};
-  std::atomic<uint8_t> last_entered_op_{0}, last_completed_op_{0};
-  mutable std::atomic<int64_t> collectives_{0};
+  std::atomic<uint64_t> last_entered_collective_{0};
+  std::atomic<uint64_t> last_completed_collective_{0};
+  std::atomic<uint8_t> last_entered_collective_op_{0}, last_completed_collective_op_{0};
 };
 
 // COMMS_TRACE_BUFFER (default 2000, 0: off), read once.

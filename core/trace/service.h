@@ -30,11 +30,13 @@ bool dump(const Recorder& recorder, const std::string& reason);
 // Every live comm of this process; returns how many files were written.
 int dump_all(const std::string& reason);
 
-// After op `seq` of `recorder`'s comm timed out: asks the store how far every
-// rank got (bounded: about 3 s, never more than 5 s) and says who is behind,
-// e.g. "ranks that never entered all_reduce #5: [2] (rank 2 last completed
-// all_reduce #4)". Also makes every rank's watcher dump its comms.
-std::string find_culprit(const std::shared_ptr<Recorder>& recorder, uint64_t seq, plugin::OpType op);
+// After `collective` (Recorder::issued's number) of `recorder`'s comm timed
+// out: asks the store how far every rank got in collectives (bounded: about
+// 3 s, never more than 5 s) and says who is behind, e.g. "ranks that never
+// entered collective #5 (all_reduce): [2] (rank 2 last completed collective
+// #4 (all_reduce))". Also makes every rank's watcher dump its comms. Empty
+// for a point-to-point op (collective 0): its error names its peer.
+std::string find_culprit(const std::shared_ptr<Recorder>& recorder, uint64_t collective, plugin::OpType op);
 
 // COMMS_DEBUG=detail, read once.
 bool detail_checks();

@@ -6,6 +6,9 @@
 //          1024; then every rank dumps its traces.
 //   count-ring  the same with 65536 and 65000 elements (the ring path).
 //   kill   the last rank SIGKILLs itself before its 21st all_reduce.
+//   pipeline  before each all_reduce rank 0 sends rank 1 two messages (the
+//          other ranks send nothing, so seq differs on every rank); rank 1
+//          receives the fifth round's, then never enters its all_reduce.
 //   usr1   after 5 all_reduces every rank sends itself SIGUSR1 and waits
 //          for the recorder's watcher thread to dump.
 //   exit   every rank keeps its store connection busy (a get that times
@@ -48,6 +51,17 @@ int main(int argc, char** argv) {
         return 0;
       }
       if (mode == "kill" && i == 21 && world->rank() == last) raise(SIGKILL);
+      if (mode == "pipeline") {
+        start = Clock::now();
+        for (int m = 0; m < 2; ++m) {
+          if (world->rank() == 0) world->send(BufferView::of(x.data(), 4), 1);
+          if (world->rank() == 1) world->recv(BufferView::of(x.data(), 4), 0);
+        }
+        if (i == 5 && world->rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(30));  // stopped by commsrun
+          return 0;
+        }
+      }
       const bool short_rank = mode.rfind("count", 0) == 0 && i == 3 && world->rank() == 1;
       const size_t count = short_rank ? n - (n == 1024 ? 24 : 536) : n;
       start = Clock::now();

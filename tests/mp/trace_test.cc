@@ -60,7 +60,8 @@ TEST(Trace, ARankThatNeverEntersTheFifthAllReduceIsNamedByEveryOtherRankAndByCom
     EXPECT_EQ(rep.code, "timeout") << p.output;
     EXPECT_LT(rep.ms, 8000) << rep.message;
     EXPECT_GE(rep.ms, 2900) << rep.message;
-    EXPECT_NE(rep.message.find("ranks that never entered all_reduce #6: [2] (rank 2 last completed all_reduce #5)"),
+    EXPECT_NE(rep.message.find("ranks that never entered collective #6 (all_reduce): [2] (rank 2 last completed "
+                               "collective #5 (all_reduce))"),
               std::string::npos)
         << rep.message;
   }
@@ -70,11 +71,43 @@ TEST(Trace, ARankThatNeverEntersTheFifthAllReduceIsNamedByEveryOtherRankAndByCom
   EXPECT_EQ(c["comm"], "world");
   EXPECT_EQ(c["ranks"], json({0, 1, 2}));  // the stuck rank dumped too, asked through the store
   ASSERT_EQ(c["stuck"].size(), 1u) << c.dump(1);
-  EXPECT_EQ(c["stuck"][0]["seq"], 6);
+  EXPECT_EQ(c["stuck"][0]["collective"], 6);
   EXPECT_EQ(c["stuck"][0]["op"], "all_reduce");
   EXPECT_EQ(c["stuck"][0]["entered"], json({0, 1}));
   EXPECT_EQ(c["stuck"][0]["missing"], json({2}));
-  EXPECT_EQ(c["progress"]["2"]["last_completed"], 5);
+  EXPECT_EQ(c["progress"]["2"]["last_completed_collective"], 5);
+  EXPECT_TRUE(c["mismatches"].empty()) << c.dump(1);
+}
+
+// Pipeline parallelism's shape: sends and receives on some ranks only, so
+// each rank's seq of the same all_reduce differs (rank 0: 16, rank 1 would
+// be 16, rank 2: 6). Both waiting ranks still name rank 1 alone, and
+// comms-trace lines the dumps up by collective.
+TEST(Trace, SendsOnSomeRanksDoNotShiftWhoIsNamed) {
+  TraceDir dir;
+  auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", TRACE_HELPER, "pipeline"},
+               {{"COMMS_OP_TIMEOUT", "3s"}, {"COMMS_TRACE_DIR", dir.path.string()}}, 60s);
+  auto r = reports(p.output);
+  ASSERT_EQ(r.size(), 2u) << p.output;
+  for (const auto& rep : r) {
+    EXPECT_NE(rep.rank, 1) << rep.message;
+    EXPECT_EQ(rep.code, "timeout") << p.output;
+    EXPECT_NE(rep.message.find("all_reduce #" + std::string(rep.rank == 0 ? "16" : "6") + ": timeout"),
+              std::string::npos)
+        << rep.message;
+    EXPECT_NE(rep.message.find("ranks that never entered collective #6 (all_reduce): [1] (rank 1 last completed "
+                               "collective #5 (all_reduce))"),
+              std::string::npos)
+        << rep.message;
+    EXPECT_EQ(rep.message.find("already past"), std::string::npos) << rep.message;
+  }
+  const json c = trace_json(dir)["comms"][0];
+  EXPECT_EQ(c["ranks"], json({0, 1, 2}));
+  ASSERT_EQ(c["stuck"].size(), 1u) << c.dump(1);
+  EXPECT_EQ(c["stuck"][0]["collective"], 6);
+  EXPECT_EQ(c["stuck"][0]["entered"], json({0, 2}));
+  EXPECT_EQ(c["stuck"][0]["missing"], json({1}));
+  EXPECT_EQ(c["progress"]["1"]["last_entered_seq"], 15);  // the fifth round's receives
   EXPECT_TRUE(c["mismatches"].empty()) << c.dump(1);
 }
 
@@ -86,7 +119,8 @@ TEST(Trace, WithTheRingOffTheTimeoutStillNamesTheMissingRankAndItsLastOp) {
   for (const auto& rep : r) {
     EXPECT_EQ(rep.code, "timeout") << p.output;
     EXPECT_LT(rep.ms, 7000) << rep.message;
-    EXPECT_NE(rep.message.find("ranks that never entered all_reduce #6: [2] (rank 2 last completed all_reduce #5)"),
+    EXPECT_NE(rep.message.find("ranks that never entered collective #6 (all_reduce): [2] (rank 2 last completed "
+                               "collective #5 (all_reduce))"),
               std::string::npos)
         << rep.message;
   }
@@ -106,7 +140,7 @@ TEST(Trace, DetailModeFailsEveryRankWithBothCountsBeforeTheOpTimeout) {
   }
   const json c = trace_json(dir)["comms"][0];
   ASSERT_EQ(c["mismatches"].size(), 1u) << c.dump(1);
-  EXPECT_EQ(c["mismatches"][0]["seq"], 4);
+  EXPECT_EQ(c["mismatches"][0]["collective"], 4);
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["1"]["count"], 1000);
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["0"]["count"], 1024);
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["2"]["count"], 1024);
@@ -128,7 +162,7 @@ TEST(Trace, WithoutDetailModeTheExchangeHeaderFailsEveryRankWithTheCountsAndComm
   }
   const json c = trace_json(dir)["comms"][0];
   ASSERT_EQ(c["mismatches"].size(), 1u) << c.dump(1);
-  EXPECT_EQ(c["mismatches"][0]["seq"], 4);
+  EXPECT_EQ(c["mismatches"][0]["collective"], 4);
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["1"]["count"], 1000);
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["0"]["count"], 1024);
 }
@@ -159,12 +193,12 @@ TEST(Trace, TheSurvivorsDumpsNameAKilledRankAndItsLastOp) {
   const json& s = c["suspects"][0];
   EXPECT_EQ(s["rank"], 2);
   EXPECT_EQ(s["named_by"], json({0, 1}));
-  EXPECT_EQ(s["failed_seq"], 22);  // its 21st all_reduce, which it never entered
-  EXPECT_EQ(s["last_completed_by_all"]["seq"], 21);
+  EXPECT_EQ(s["failed_collective"], 22);  // its 21st all_reduce, which it never entered
+  EXPECT_EQ(s["last_completed_by_all"]["collective"], 21);
   EXPECT_EQ(s["last_completed_by_all"]["op"], "all_reduce");
   auto text = run({COMMS_TRACE, dir.path.string()}, {}, 30s);
-  EXPECT_NE(text.output.find("rank 2 left no dump and ranks [0, 1] failed all_reduce #22 on it; its last op: "
-                             "all_reduce #21"),
+  EXPECT_NE(text.output.find("rank 2 left no dump and ranks [0, 1] failed collective #22 (all_reduce) on it; its "
+                             "last collective: #21 (all_reduce)"),
             std::string::npos)
       << text.output;
 }

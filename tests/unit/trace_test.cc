@@ -27,9 +27,9 @@ OpRecord op(uint64_t seq, uint64_t count = 1024) {
 TEST(TraceRing, KeepsTheLastCapacityOpsOldestFirstWithTheirStates) {
   Recorder rec({"w", 0, 2, "ns", nullptr}, 4);
   for (uint64_t s = 1; s <= 6; ++s) {
-    rec.issued(op(s, s * 10));
+    EXPECT_EQ(rec.issued(op(s, s * 10)), s);  // collectives only: numbered as seq
     rec.started(s);
-    if (s != 6) rec.completed(s, comms::plugin::OpType::kAllReduce);
+    if (s != 6) rec.completed(s, comms::plugin::OpType::kAllReduce, s);
   }
   rec.failed(6, comms::ErrorCode::kTimeout, 1);
   const auto snap = rec.snapshot();
@@ -50,7 +50,7 @@ TEST(TraceRing, KeepsTheLastCapacityOpsOldestFirstWithTheirStates) {
   ASSERT_TRUE(rec.find(5, &found));
   EXPECT_EQ(found.count, 50u);
   // An update for an op the ring no longer holds must not touch its slot.
-  rec.completed(2, comms::plugin::OpType::kAllReduce);
+  rec.completed(2, comms::plugin::OpType::kAllReduce, 2);
   ASSERT_TRUE(rec.find(6, &found));
   EXPECT_EQ(found.state, OpState::kFailed);
 }
@@ -65,7 +65,7 @@ TEST(TraceRing, TimesReadBackOnTheSteadyClock) {
   const int64_t after = comms::trace::now_ns();
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   const int64_t before_end = comms::trace::now_ns();
-  rec.completed(1, comms::plugin::OpType::kAllReduce);
+  rec.completed(1, comms::plugin::OpType::kAllReduce, 1);
   const int64_t after_end = comms::trace::now_ns();
   OpRecord r;
   ASSERT_TRUE(rec.find(1, &r));
@@ -84,18 +84,48 @@ TEST(TraceRing, CapacityZeroRecordsNothingButStillCountsProgress) {
   Recorder rec({"w", 0, 2, "ns", nullptr}, 0);
   OpRecord barrier = op(1);
   barrier.op = comms::plugin::OpType::kBarrier;
-  rec.issued(barrier);
-  EXPECT_EQ(rec.last_entered_op(), comms::plugin::OpType::kBarrier);
-  rec.completed(1, comms::plugin::OpType::kBarrier);
-  EXPECT_EQ(rec.last_completed_op(), comms::plugin::OpType::kBarrier);
-  rec.completed(1, comms::plugin::OpType::kAllReduce);  // not newer: ignored
-  rec.issued(op(2));
+  EXPECT_EQ(rec.issued(barrier), 1u);
+  EXPECT_EQ(rec.last_entered_collective_op(), comms::plugin::OpType::kBarrier);
+  rec.completed(1, comms::plugin::OpType::kBarrier, 1);
+  EXPECT_EQ(rec.last_completed_collective_op(), comms::plugin::OpType::kBarrier);
+  rec.completed(1, comms::plugin::OpType::kAllReduce, 1);  // not newer: ignored
+  EXPECT_EQ(rec.issued(op(2)), 2u);
   EXPECT_TRUE(rec.snapshot().empty());
   EXPECT_EQ(rec.last_entered(), 2u);
   EXPECT_EQ(rec.last_completed(), 1u);
   // The culprit search still names the ops.
-  EXPECT_EQ(rec.last_entered_op(), comms::plugin::OpType::kAllReduce);
-  EXPECT_EQ(rec.last_completed_op(), comms::plugin::OpType::kBarrier);
+  EXPECT_EQ(rec.last_entered_collective(), 2u);
+  EXPECT_EQ(rec.last_completed_collective(), 1u);
+  EXPECT_EQ(rec.last_entered_collective_op(), comms::plugin::OpType::kAllReduce);
+  EXPECT_EQ(rec.last_completed_collective_op(), comms::plugin::OpType::kBarrier);
+}
+
+// Sends and receives move seq on some ranks only: collectives keep their
+// own numbers, which the dump shows beside seq.
+TEST(TraceRing, PointToPointOpsTakeASeqButNoCollectiveNumber) {
+  Recorder rec({"w", 0, 2, "ns", nullptr}, 8);
+  OpRecord send = op(1);
+  send.op = comms::plugin::OpType::kSend;
+  send.peer = 1;
+  EXPECT_EQ(rec.issued(send), 0u);
+  rec.completed(1, comms::plugin::OpType::kSend, 0);
+  EXPECT_EQ(rec.issued(op(2)), 1u);
+  rec.completed(2, comms::plugin::OpType::kAllReduce, 1);
+  OpRecord recv = op(3);
+  recv.op = comms::plugin::OpType::kRecv;
+  EXPECT_EQ(rec.issued(recv), 0u);
+  EXPECT_EQ(rec.issued(op(4)), 2u);
+  EXPECT_EQ(rec.last_entered(), 4u);
+  EXPECT_EQ(rec.last_entered_collective(), 2u);
+  EXPECT_EQ(rec.last_completed_collective(), 1u);
+  const json dump = json::parse(rec.to_json("test"));
+  ASSERT_EQ(dump["entries"].size(), 4u);
+  EXPECT_EQ(dump["entries"][0]["collective"], 0);
+  EXPECT_EQ(dump["entries"][1]["collective"], 1);
+  EXPECT_EQ(dump["entries"][2]["collective"], 0);
+  EXPECT_EQ(dump["entries"][3]["collective"], 2);
+  EXPECT_EQ(dump["last_entered_collective"], 2);
+  EXPECT_EQ(dump["last_completed_collective"], 1);
 }
 
 TEST(TraceRing, ADumpWhileOpsAreWrittenSeesOnlyWholeEntries) {
@@ -103,8 +133,8 @@ TEST(TraceRing, ADumpWhileOpsAreWrittenSeesOnlyWholeEntries) {
   std::atomic<bool> stop{false};
   std::thread writer([&] {
     for (uint64_t s = 1; !stop.load(); ++s) {
-      rec.issued(op(s, s * 3));  // count is always 3 x seq: a torn read breaks it
-      rec.completed(s, comms::plugin::OpType::kAllReduce);
+      const uint64_t n = rec.issued(op(s, s * 3));  // count is always 3 x seq: a torn read breaks it
+      rec.completed(s, comms::plugin::OpType::kAllReduce, n);
     }
   });
   while (rec.last_entered() < 100) std::this_thread::yield();
@@ -112,6 +142,7 @@ TEST(TraceRing, ADumpWhileOpsAreWrittenSeesOnlyWholeEntries) {
   for (int i = 0; i < 2000; ++i) {
     for (const OpRecord& r : rec.snapshot()) {
       ASSERT_EQ(r.count, r.seq * 3);
+      ASSERT_EQ(r.collective, r.seq);
       ++seen;
     }
   }
@@ -133,13 +164,58 @@ TEST(TraceCulprit, ATimeoutNamesTheRankThatNeverEnteredTheOpAndItsLastCompletedO
     ranks.push_back(comms::trace::register_comm({"culprit", r, 3, "culprit-ns", store}));
     for (uint64_t s = 1; s <= (r == 2 ? 5u : 6u); ++s) {
       ranks[r]->issued(op(s));
-      if (s <= 5) ranks[r]->completed(s, comms::plugin::OpType::kAllReduce);
+      if (s <= 5) ranks[r]->completed(s, comms::plugin::OpType::kAllReduce, s);
     }
   }
   const auto start = std::chrono::steady_clock::now();
   const std::string text = comms::trace::find_culprit(ranks[0], 6, comms::plugin::OpType::kAllReduce);
-  EXPECT_EQ(text, "ranks that never entered all_reduce #6: [2] (rank 2 last completed all_reduce #5)");
+  EXPECT_EQ(text,
+            "ranks that never entered collective #6 (all_reduce): [2] (rank 2 last completed collective #5 "
+            "(all_reduce))");
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2500));
+}
+
+// A pipeline's ranks: rank 0 sends twice to rank 1 before each collective,
+// rank 2 takes no part, so seq differs on every rank; the search still
+// names rank 1, which never entered the second all_reduce, and counts
+// rank 2, inside it at a lower seq, as there.
+TEST(TraceCulprit, SendsOnSomeRanksDoNotMakeTheOthersLookBehind) {
+  auto store = comms::make_memory_store();
+  std::vector<std::shared_ptr<Recorder>> ranks;
+  std::vector<uint64_t> seq(3, 0);
+  auto p2p = [&](int r, comms::plugin::OpType t) {
+    OpRecord o = op(++seq[r]);
+    o.op = t;
+    ranks[r]->issued(o);
+    ranks[r]->completed(seq[r], t, 0);
+  };
+  for (int r = 0; r < 3; ++r) ranks.push_back(comms::trace::register_comm({"pipeline", r, 3, "pipeline-ns", store}));
+  for (int round = 1; round <= 2; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      p2p(0, comms::plugin::OpType::kSend);
+      if (round == 1) p2p(1, comms::plugin::OpType::kRecv);
+    }
+    for (int r = 0; r < 3; ++r) {
+      if (round == 2 && r == 1) continue;  // rank 1 never enters the second all_reduce
+      const uint64_t n = ranks[r]->issued(op(++seq[r]));
+      EXPECT_EQ(n, static_cast<uint64_t>(round));
+      if (round == 1) ranks[r]->completed(seq[r], comms::plugin::OpType::kAllReduce, n);
+    }
+  }
+  ASSERT_EQ(seq, (std::vector<uint64_t>{6, 3, 2}));
+  const std::string text = comms::trace::find_culprit(ranks[0], 2, comms::plugin::OpType::kAllReduce);
+  EXPECT_EQ(text,
+            "ranks that never entered collective #2 (all_reduce): [1] (rank 1 last completed collective #1 "
+            "(all_reduce))");
+}
+
+TEST(TraceCulprit, APointToPointTimeoutSearchesNothing) {
+  auto store = comms::make_memory_store();
+  auto rec = comms::trace::register_comm({"p2p", 0, 2, "p2p-ns", store});
+  OpRecord recv = op(1);
+  recv.op = comms::plugin::OpType::kRecv;
+  ASSERT_EQ(rec->issued(recv), 0u);
+  EXPECT_EQ(comms::trace::find_culprit(rec, 0, comms::plugin::OpType::kRecv), "");
 }
 
 // A store whose calls never return, or fail.
@@ -201,7 +277,7 @@ TEST(CommsTraceMerge, TheFirstOpSomeRanksNeverEnteredIsStuckWithExactlyThoseRank
   };
   const json c = comms::trace_tool::merge(dumps)["comms"][0];
   ASSERT_EQ(c["stuck"].size(), 1u);
-  EXPECT_EQ(c["stuck"][0]["seq"], 5);
+  EXPECT_EQ(c["stuck"][0]["collective"], 5);
   EXPECT_EQ(c["stuck"][0]["op"], "all_reduce");
   EXPECT_EQ(c["stuck"][0]["entered"], json({0, 1, 2}));
   EXPECT_EQ(c["stuck"][0]["missing"], json({3}));
@@ -214,10 +290,11 @@ TEST(CommsTraceMerge, TheFirstDisagreementIsReportedButSendAgainstRecvIsNot) {
       dump(0, 2, 3, 3, {entry(1, "send", 4), entry(2, "all_reduce", 8), entry(3, "all_reduce", 16)}),
       dump(1, 2, 3, 3, {entry(1, "recv", 4), entry(2, "all_reduce", 9), entry(3, "all_gather", 16)}),
   };
+  // Dumps without collective numbers (older libcomms) count seq.
   const json c = comms::trace_tool::merge(dumps)["comms"][0];
   EXPECT_TRUE(c["stuck"].empty());
   ASSERT_EQ(c["mismatches"].size(), 1u);
-  EXPECT_EQ(c["mismatches"][0]["seq"], 2);
+  EXPECT_EQ(c["mismatches"][0]["collective"], 2);
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["0"]["count"], 8);
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["1"]["count"], 9);
   EXPECT_EQ(c["mismatches"][0]["by_rank"]["1"]["reduction"], "sum");
@@ -232,11 +309,54 @@ TEST(CommsTraceMerge, ARankWithoutADumpThatTheOthersFailedOnIsASuspectWithItsLas
   EXPECT_EQ(c["no_dump"], json({2}));
   ASSERT_EQ(c["suspects"].size(), 1u);
   EXPECT_EQ(c["suspects"][0]["rank"], 2);
-  EXPECT_EQ(c["suspects"][0]["failed_seq"], 8);
-  EXPECT_EQ(c["suspects"][0]["last_completed_by_all"]["seq"], 7);
+  EXPECT_EQ(c["suspects"][0]["failed_collective"], 8);
+  EXPECT_EQ(c["suspects"][0]["last_completed_by_all"]["collective"], 7);
   const std::string text = comms::trace_tool::to_text(comms::trace_tool::merge(dumps));
-  EXPECT_NE(text.find("rank 2 left no dump and ranks [0, 1] failed all_reduce #8 on it; its last op: all_reduce #7"),
+  EXPECT_NE(text.find("rank 2 left no dump and ranks [0, 1] failed collective #8 (all_reduce) on it; its last "
+                      "collective: #7 (all_reduce)"),
             std::string::npos)
+      << text;
+}
+
+json numbered(json e, uint64_t collective) {
+  e["collective"] = collective;
+  return e;
+}
+
+json numbered_dump(int rank, int size, uint64_t entered, uint64_t completed, json entries) {
+  json d = dump(rank, size, 0, 0, std::move(entries));
+  d["last_entered_collective"] = entered;
+  d["last_completed_collective"] = completed;
+  return d;
+}
+
+// A pipeline: rank 0 sent twice before each all_reduce, rank 1 received,
+// rank 2 took no part; rank 1 never entered the second all_reduce. Seq
+// differs on every rank, collective numbers line them up.
+TEST(CommsTraceMerge, SendsOnSomeRanksLineUpByCollectiveNumberNotSeq) {
+  std::vector<json> dumps = {
+      numbered_dump(0, 3, 2, 1,
+                    {numbered(entry(1, "send", 4), 0), numbered(entry(2, "send", 4), 0),
+                     numbered(entry(3, "all_reduce", 8), 1), numbered(entry(4, "send", 4), 0),
+                     numbered(entry(5, "send", 4), 0), numbered(entry(6, "all_reduce", 8, "failed", 1), 2)}),
+      numbered_dump(1, 3, 1, 1,
+                    {numbered(entry(1, "recv", 4), 0), numbered(entry(2, "recv", 4), 0),
+                     numbered(entry(3, "all_reduce", 8), 1)}),
+      numbered_dump(2, 3, 2, 1,
+                    {numbered(entry(1, "all_reduce", 8), 1), numbered(entry(2, "all_reduce", 8, "failed", 1), 2)}),
+  };
+  const json c = comms::trace_tool::merge(dumps)["comms"][0];
+  EXPECT_TRUE(c["mismatches"].empty()) << c["mismatches"].dump();
+  ASSERT_EQ(c["stuck"].size(), 1u);
+  EXPECT_EQ(c["stuck"][0]["collective"], 2);
+  EXPECT_EQ(c["stuck"][0]["op"], "all_reduce");
+  EXPECT_EQ(c["stuck"][0]["entered"], json({0, 2}));
+  EXPECT_EQ(c["stuck"][0]["missing"], json({1}));
+  EXPECT_EQ(c["failures"][0]["seq"], 6);
+  EXPECT_EQ(c["failures"][1]["seq"], 2);
+  EXPECT_EQ(c["failures"][1]["collective"], 2);
+  const std::string text = comms::trace_tool::to_text(comms::trace_tool::merge(dumps));
+  EXPECT_NE(text.find("stuck: collective #2 (all_reduce) entered by [0, 2], never entered by [1]"), std::string::npos)
       << text;
 }
 

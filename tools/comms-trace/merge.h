@@ -1,7 +1,9 @@
 // comms-trace's analysis: merges the flight-recorder dumps of all ranks
 // (<comm>.rank<R>.json, written by libcomms) into, per comm, how far each
-// rank got, the first op some ranks entered and others never did, and the
-// first op the ranks called with different arguments.
+// rank got, the first collective some ranks entered and others never did,
+// and the first collective the ranks called with different arguments. Ranks
+// are lined up by collective number, not seq: sends and receives move seq
+// on some ranks only.
 #pragma once
 
 #include <nlohmann/json.hpp>
