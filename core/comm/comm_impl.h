@@ -40,7 +40,7 @@ class WorkState {
             plugin::OpType type, uint64_t seq, uint64_t collective, DeviceType device_type)
       : comm_(std::move(comm)), work_(std::move(work)), type_(type), seq_(seq), collective_(collective),
         device_type_(device_type) {}
-  // A window op's (window.cc): not in the flight recorder.
+  // A window op's (window.cc): no collective number.
   WorkState(std::shared_ptr<Comm::Impl> comm, std::unique_ptr<plugin::Work> work,
             plugin::WindowOpType window_op, uint64_t seq, DeviceType device_type)
       : comm_(std::move(comm)), work_(std::move(work)), type_(plugin::OpType::kBarrier), seq_(seq),

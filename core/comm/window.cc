@@ -160,6 +160,7 @@ Error Comm::Impl::failed_window_op(WindowOpType type, uint64_t seq, const Status
     st = Status(ErrorCode::kRevoked,
                 str::cat(why, " (the backend said: ", to_string(st.code), ": ", st.message, ")"), st.peer);
   }
+  recorder_->failed(seq, st.code, st.peer);
   Error e = op_error(window_op_name(type), seq, st);
   // A wait for signals that did not come consumed nothing: the comm stays
   // usable, and the signals may still arrive.
@@ -217,15 +218,29 @@ Work Comm::Impl::run_window(internal::WindowState& w, plugin::WindowOpDesc d, Bu
   d.async = opts.async;
   d.timeout = opts.timeout ? *opts.timeout : op_timeout();
   d.stream = opts.stream;
+  // In the flight recorder like any op (a wait_signal that hangs shows
+  // there), numbered by seq alone: one-sided, so no collective number.
+  trace::OpRecord record;
+  record.seq = seq;
+  record.window_op = d.type;
+  record.device = t;
+  record.async = opts.async;
+  record.peer = d.type == WindowOpType::kPut || d.type == WindowOpType::kSignal ? d.peer : -1;
+  record.count = d.bytes;
+  recorder_->issued(record);
   std::unique_ptr<plugin::Work> work;
   Status st = internal::call_plugin(s.plugin->name, "submit_window", [&] { return s.backend->submit_window(d, &work); });
   if (!st.is_ok()) [[unlikely]] throw failed_window_op(d.type, seq, st, t);
-  if (!work) return Work();
+  if (!work) {
+    recorder_->completed_window_op(seq);
+    return Work();
+  }
   if (opts.async) {
     return Work(std::make_shared<internal::WorkState>(shared_from_this(), std::move(work), d.type, seq, t));
   }
   st = internal::call_plugin(s.plugin->name, "wait", [&] { return work->wait(WaitMode::kStream); });
   if (!st.is_ok()) [[unlikely]] throw failed_window_op(d.type, seq, st, t);
+  recorder_->completed_window_op(seq);
   return Work();
 }
 

@@ -31,7 +31,8 @@ std::optional<Error> WorkState::wait(WaitMode mode) {
   // still be running and may still fail, so the Work stays open.
   if (st.is_ok() && mode == WaitMode::kStream && !plugin_says_completed()) return std::nullopt;
   if (window_op_) {
-    if (!st.is_ok()) error_ = comm_->failed_window_op(*window_op_, seq_, st, device_type_);
+    if (st.is_ok()) comm_->recorder().completed_window_op(seq_);
+    else error_ = comm_->failed_window_op(*window_op_, seq_, st, device_type_);
   } else if (!st.is_ok()) {
     error_ = comm_->failed_op(type_, seq_, collective_, st, device_type_);
   } else {

@@ -23,6 +23,10 @@ std::string_view to_string(OpState s) {
   return "unknown";
 }
 
+std::string_view op_name(const OpRecord& r) {
+  return r.window_op ? plugin::window_op_name(*r.window_op) : plugin::op_name(r.op);
+}
+
 namespace {
 
 #if defined(__x86_64__)
@@ -107,7 +111,7 @@ Recorder::Entry* Recorder::entry_of(uint64_t seq) const {
 uint64_t Recorder::issued(const OpRecord& r, int64_t at, bool started) {
   last_entered_.store(r.seq, std::memory_order_relaxed);
   uint64_t collective = 0;
-  if (is_collective(r.op)) {
+  if (is_collective(r)) {
     collective = last_entered_collective_.load(std::memory_order_relaxed) + 1;
     last_entered_collective_.store(collective, std::memory_order_relaxed);
     last_entered_collective_op_.store(static_cast<uint8_t>(r.op), std::memory_order_relaxed);
@@ -129,6 +133,8 @@ uint64_t Recorder::issued(const OpRecord& r, int64_t at, bool started) {
   s->async.store(r.async, std::memory_order_relaxed);
   s->state.store(static_cast<uint8_t>(started ? OpState::kStarted : OpState::kIssued), std::memory_order_relaxed);
   s->error.store(0, std::memory_order_relaxed);
+  s->window_op.store(r.window_op ? static_cast<uint8_t>(1 + static_cast<uint8_t>(*r.window_op)) : 0,
+                     std::memory_order_relaxed);
   s->seq.store(r.seq, std::memory_order_release);
   return collective;
 }
@@ -193,6 +199,9 @@ bool Recorder::read(const Entry& s, const TicksToNs& to_ns, OpRecord* out) const
   const int64_t ended = s.ended.load(std::memory_order_relaxed);
   r.async = s.async.load(std::memory_order_relaxed) != 0;
   r.error = static_cast<ErrorCode>(s.error.load(std::memory_order_relaxed));
+  if (const uint8_t w = s.window_op.load(std::memory_order_relaxed)) {
+    r.window_op = static_cast<plugin::WindowOpType>(w - 1);
+  }
   std::atomic_thread_fence(std::memory_order_acquire);
   if (s.seq.load(std::memory_order_relaxed) != seq) return false;  // rewritten while read
   r.issued_ns = to_ns(issued);
@@ -232,7 +241,7 @@ std::string Recorder::to_json(const std::string& reason) const {
   for (const OpRecord& r : snapshot()) {
     nlohmann::json e = {{"seq", r.seq},
                         {"collective", r.collective},
-                        {"op", plugin::op_name(r.op)},
+                        {"op", op_name(r)},
                         {"dtype", comms::to_string(r.dtype)},
                         {"count", r.count},
                         {"root", r.root},

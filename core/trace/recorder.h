@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comms/plugin.h"
@@ -31,8 +33,9 @@ constexpr bool is_collective(plugin::OpType t) {
 // What the ring keeps of one op, as a plain copy.
 struct OpRecord {
   uint64_t seq = 0;  // 0: empty entry
-  uint64_t collective = 0;  // 1, 2, ...: which of the comm's collectives; 0: a point-to-point op
-  plugin::OpType op = plugin::OpType::kAllReduce;
+  uint64_t collective = 0;  // 1, 2, ...: which of the comm's collectives; 0: a point-to-point or window op
+  plugin::OpType op = plugin::OpType::kAllReduce;  // unused for a window op
+  std::optional<plugin::WindowOpType> window_op;  // set for a window's put, signal, wait_signal or flush
   DataType dtype = DataType::kFloat32;
   ReduceKind reduction = ReduceKind::kSum;
   DeviceType device = DeviceType::kCpu;
@@ -44,6 +47,11 @@ struct OpRecord {
   OpState state = OpState::kIssued;
   ErrorCode error = ErrorCode::kOk;
 };
+
+// Whether every rank runs r in the same order (a window's ops are one-sided).
+constexpr bool is_collective(const OpRecord& r) { return !r.window_op && is_collective(r.op); }
+// "all_reduce", "send", ..., or a window op's "put", "wait_signal", ...
+std::string_view op_name(const OpRecord& r);
 
 // One comm's identity, for dumps and the culprit search.
 struct CommInfo {
@@ -115,6 +123,7 @@ class Recorder {
   // `op` and `collective` (issued()'s answer) keep the last completed
   // collective known with the ring off.
   void completed(uint64_t seq, plugin::OpType op, uint64_t collective);
+  void completed_window_op(uint64_t seq) { completed(seq, plugin::OpType::kBarrier, 0); }
   void failed(uint64_t seq, ErrorCode code, int peer);
 
   // Every live entry, oldest first (torn entries skipped).
@@ -147,6 +156,7 @@ class Recorder {
     std::atomic<int32_t> root{-1}, peer{-1};
     std::atomic<int64_t> issued{0}, started{0}, ended{0};  // ticks()
     std::atomic<uint8_t> async{0}, state{0}, error{0};
+    std::atomic<uint8_t> window_op{0};  // 1 + plugin::WindowOpType; 0: not a window op
   };
   Entry* entry_of(uint64_t seq) const;
   bool read(const Entry& s, const TicksToNs& to_ns, OpRecord* out) const;

@@ -17,6 +17,10 @@
 //          handler that runs after libcrypto's cleanup sleeps, so that a
 //          watcher still running then ends during it and its libcrypto
 //          state leaks (LeakSanitizer fails the rank in the asan stage).
+//   window  on cpu:ucx: every rank registers a window; rank 1 puts 64 bytes
+//          into rank 0's, unsignalled; rank 0 waits for a signal from rank
+//          1 that never comes (timeout, the comm stays usable); then a
+//          barrier, and every rank dumps its traces.
 // A rank whose op fails prints "FAULT rank <r> code <code> after_ms <ms>:
 // <message>" and exits 3; "OK rank <r>" when every op succeeded.
 #include <signal.h>
@@ -38,6 +42,24 @@ int main(int argc, char** argv) {
   if (mode == "exit") {
     // Registered before libcomms and libcrypto register theirs: runs after them.
     std::atexit([] { std::this_thread::sleep_for(std::chrono::milliseconds(800)); });
+  }
+  if (mode == "window") {
+    auto world = new_comm("cpu:ucx", Device::cpu(), "world");
+    std::vector<unsigned char> mine(4096, 0), src(64, 7);
+    Window w = register_window(*world, BufferView{mine.data(), mine.size(), DataType::kUint8});
+    if (world->rank() == 1) w.put(BufferView{src.data(), src.size(), DataType::kUint8}, 0, 128);
+    if (world->rank() == 1) w.flush();
+    if (world->rank() == 0) {
+      try {
+        w.wait_signal(1, 1);
+      } catch (const Error& e) {
+        std::printf("WAIT rank 0 code %s\n", std::string(to_string(e.code())).c_str());
+      }
+    }
+    world->barrier();
+    std::printf("OK rank %d dumped %d\n", world->rank(), dump_traces());
+    std::fflush(stdout);
+    return 0;
   }
   auto world = new_comm("cpu:gloo", Device::cpu(), "world");
   const int last = world->size() - 1;

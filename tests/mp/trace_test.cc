@@ -111,6 +111,47 @@ TEST(Trace, SendsOnSomeRanksDoNotShiftWhoIsNamed) {
   EXPECT_TRUE(c["mismatches"].empty()) << c.dump(1);
 }
 
+// A window's ops take a seq and an entry like any op, without a collective
+// number: a wait_signal that timed out shows in the dump, with the put
+// that preceded it on the other rank.
+TEST(Trace, WindowOpsAreRecordedWithTheirPeerAndState) {
+#if !COMMS_TEST_UCX
+  GTEST_SKIP() << "windows on CPU buffers need the UCX plugin";
+#endif
+  TraceDir dir;
+  auto p = run({COMMSRUN, "-n", "2", "--", TRACE_HELPER, "window"},
+               {{"COMMS_OP_TIMEOUT", "2s"}, {"COMMS_TRACE_DIR", dir.path.string()}}, 60s);
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  EXPECT_NE(p.output.find("WAIT rank 0 code timeout"), std::string::npos) << p.output;
+  auto entries = [&](int rank) {
+    std::ifstream in(dir.path / ("world.rank" + std::to_string(rank) + ".json"));
+    return json::parse(in)["entries"];
+  };
+  auto find = [](const json& es, const std::string& op) {
+    for (const json& e : es) {
+      if (e["op"] == op) return e;
+    }
+    return json();
+  };
+  const json wait = find(entries(0), "wait_signal");
+  ASSERT_FALSE(wait.is_null()) << entries(0).dump(1);
+  EXPECT_EQ(wait["state"], "failed");
+  EXPECT_EQ(wait["error"], "timeout");
+  EXPECT_EQ(wait["collective"], 0);
+  const json put = find(entries(1), "put");
+  ASSERT_FALSE(put.is_null()) << entries(1).dump(1);
+  EXPECT_EQ(put["state"], "completed");
+  EXPECT_EQ(put["peer"], 0);
+  EXPECT_EQ(put["count"], 64);
+  EXPECT_EQ(put["collective"], 0);
+  // The barrier after them is each rank's 2nd collective (the connect
+  // barrier is the 1st), at a different seq on each rank.
+  const json b0 = entries(0).back(), b1 = entries(1).back();
+  EXPECT_EQ(b0["op"], "barrier");
+  EXPECT_EQ(b0["collective"], b1["collective"]);
+  EXPECT_NE(b0["seq"], b1["seq"]);
+}
+
 TEST(Trace, WithTheRingOffTheTimeoutStillNamesTheMissingRankAndItsLastOp) {
   auto p = run({COMMSRUN, "-n", "3", "--grace", "5", "--", TRACE_HELPER, "skip"},
                {{"COMMS_OP_TIMEOUT", "2s"}, {"COMMS_TRACE_BUFFER", "0"}}, 60s);

@@ -128,6 +128,34 @@ TEST(TraceRing, PointToPointOpsTakeASeqButNoCollectiveNumber) {
   EXPECT_EQ(dump["last_completed_collective"], 1);
 }
 
+TEST(TraceRing, AWindowOpIsNamedByItsOwnNameAndTakesNoCollectiveNumber) {
+  Recorder rec({"w", 0, 2, "ns", nullptr}, 8);
+  OpRecord put;
+  put.seq = 1;
+  put.window_op = comms::plugin::WindowOpType::kPut;
+  put.peer = 1;
+  put.count = 64;
+  EXPECT_EQ(rec.issued(put), 0u);
+  rec.completed_window_op(1);
+  OpRecord wait = put;
+  wait.seq = 2;
+  wait.window_op = comms::plugin::WindowOpType::kWaitSignal;
+  EXPECT_EQ(rec.issued(wait), 0u);
+  rec.failed(2, comms::ErrorCode::kTimeout, -1);
+  EXPECT_EQ(rec.last_entered(), 2u);
+  EXPECT_EQ(rec.last_completed(), 1u);
+  EXPECT_EQ(rec.last_entered_collective(), 0u);
+  const json dump = json::parse(rec.to_json("test"));
+  ASSERT_EQ(dump["entries"].size(), 2u);
+  EXPECT_EQ(dump["entries"][0]["op"], "put");
+  EXPECT_EQ(dump["entries"][0]["state"], "completed");
+  EXPECT_EQ(dump["entries"][0]["count"], 64);
+  EXPECT_EQ(dump["entries"][1]["op"], "wait_signal");
+  EXPECT_EQ(dump["entries"][1]["state"], "failed");
+  EXPECT_EQ(dump["entries"][1]["error"], "timeout");
+  EXPECT_EQ(dump["entries"][1]["collective"], 0);
+}
+
 TEST(TraceRing, ADumpWhileOpsAreWrittenSeesOnlyWholeEntries) {
   Recorder rec({"w", 0, 2, "ns", nullptr}, 8);
   std::atomic<bool> stop{false};
