@@ -249,7 +249,8 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   // Nothing runs between issue and start unless the backend connects or
   // the arguments are compared first: then start is stamped on its own.
   trace::OpRecord record = op_record(d, t);
-  record.collective = recorder_->issued(record, recorder_->capacity() ? trace::ticks() : 0, /*started=*/!lazy && !checks);
+  record.collective =
+      recorder_->issued(record, recorder_->capacity() ? trace::ticks() : 0, /*started=*/!lazy && !checks);
   const uint64_t collective = record.collective;
   if (lazy) ensure_ready(s, t, args.type, seq, collective);
   if (checks) check_same_args(record, args, d.timeout, t);
