@@ -114,7 +114,7 @@ class Recorder {
   Recorder& operator=(const Recorder&) = delete;
 
   // r's fields but its times and collective number, which this assigns and
-  // returns (0 for a point-to-point op); `at` (of ticks()) is the issue
+  // returns (0 for a point-to-point or window op); `at` (of ticks()) is the issue
   // time, and with `started` the start time too (one write of the entry).
   // One issuing thread at a time (comm.h).
   uint64_t issued(const OpRecord& r, int64_t at, bool started = false);

@@ -35,8 +35,8 @@ json comparable(json a) {
 }
 
 // Ranks are lined up by collective number, not seq: point-to-point ops
-// move seq on some ranks only. A dump from before collectives were numbered
-// counts seq (every op then was one).
+// move seq on some ranks only. In a dump without collective numbers (an
+// older libcomms) seq stands in for them, as comms-trace read it before.
 uint64_t collective_of(const json& e) {
   return e.value("collective", is_p2p(e.value("op", "")) ? uint64_t{0} : e.value("seq", uint64_t{0}));
 }
