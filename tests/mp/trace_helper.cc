@@ -19,8 +19,9 @@
 //          state leaks (LeakSanitizer fails the rank in the asan stage).
 //   window  on cpu:ucx: every rank registers a window; rank 1 puts 64 bytes
 //          into rank 0's, unsignalled; rank 0 waits for a signal from rank
-//          1 that never comes (timeout, the comm stays usable); then a
-//          barrier, and every rank dumps its traces.
+//          1 that never comes (its own 300 ms timeout, far inside the comm's;
+//          the comm stays usable); then a barrier, and every rank dumps its
+//          traces.
 // A rank whose op fails prints "FAULT rank <r> code <code> after_ms <ms>:
 // <message>" and exits 3; "OK rank <r>" when every op succeeded.
 #include <signal.h>
@@ -51,7 +52,9 @@ int main(int argc, char** argv) {
     if (world->rank() == 1) w.flush();
     if (world->rank() == 0) {
       try {
-        w.wait_signal(1, 1);
+        OpOptions opts;
+        opts.timeout = std::chrono::milliseconds(300);
+        w.wait_signal(1, 1, opts);
       } catch (const Error& e) {
         std::printf("WAIT rank 0 code %s\n", std::string(to_string(e.code())).c_str());
       }

@@ -119,8 +119,10 @@ TEST(Trace, WindowOpsAreRecordedWithTheirPeerAndState) {
   GTEST_SKIP() << "windows on CPU buffers need the UCX plugin";
 #endif
   TraceDir dir;
+  // The comm's timeout leaves rank 1's barrier waiting for rank 0 however
+  // slowly rank 0's wait_signal (300 ms) times out.
   auto p = run({COMMSRUN, "-n", "2", "--", TRACE_HELPER, "window"},
-               {{"COMMS_OP_TIMEOUT", "2s"}, {"COMMS_TRACE_DIR", dir.path.string()}}, 60s);
+               {{"COMMS_OP_TIMEOUT", "60s"}, {"COMMS_TRACE_DIR", dir.path.string()}}, 90s);
   ASSERT_EQ(p.exit_code(), 0) << p.output;
   EXPECT_NE(p.output.find("WAIT rank 0 code timeout"), std::string::npos) << p.output;
   auto entries = [&](int rank) {
