@@ -24,7 +24,6 @@ bool has_root(OpType t) {
   return t == OpType::kReduce || t == OpType::kBroadcast || t == OpType::kGather || t == OpType::kScatter;
 }
 
-bool is_p2p(OpType t) { return t == OpType::kSend || t == OpType::kRecv || t == OpType::kBatchP2P; }
 
 }  // namespace
 
@@ -217,7 +216,7 @@ void Comm::Impl::check_same_args(const trace::OpRecord& r, const internal::OpArg
 }
 
 [[gnu::cold]] Status Comm::Impl::bad_options(OpType type, const OpOptions& opts) const {
-  if (opts.tag != 0 && !is_p2p(type)) {
+  if (opts.tag != 0 && trace::is_collective(type)) {
     // Every option takes effect or is rejected: collectives have no tags.
     return {ErrorCode::kInvalidArgument, str::cat("OpOptions::tag (", opts.tag, ") only applies to send, recv and "
                                                   "batch_p2p; ", plugin::op_name(type),
@@ -232,7 +231,7 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   internal::Checked c;
   Status st = internal::validate(args, config_.rank, config_.size, &c);
   if (!st.is_ok()) [[unlikely]] throw op_error(args.type, seq_.load() + 1, st);
-  if (opts.tag != 0 && !is_p2p(args.type)) [[unlikely]] {
+  if (opts.tag != 0 && trace::is_collective(args.type)) [[unlikely]] {
     throw op_error(args.type, seq_.load() + 1, bad_options(args.type, opts));
   }
   const DeviceType t = op_device(args, c);
@@ -245,7 +244,7 @@ Work Comm::Impl::run(const internal::OpArgs& args, const OpOptions& opts) {
   seq_.store(seq, std::memory_order_relaxed);
   plugin::OpDesc d = op_desc(args, opts, c, s, seq);
   const bool lazy = s.state.load() == BackendState::kLazy;
-  const bool checks = detail_checks_ && !is_p2p(args.type);
+  const bool checks = detail_checks_ && trace::is_collective(args.type);
   // Nothing runs between issue and start unless the backend connects or
   // the arguments are compared first: then start is stamped on its own.
   trace::OpRecord record = op_record(d, t);

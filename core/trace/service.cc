@@ -103,14 +103,13 @@ struct StoreWatch {
 using StoreWatches = std::map<std::weak_ptr<Store>, StoreWatch, std::owner_less<>>;
 
 void answer_requests(StoreWatches& watches) {
-  std::map<std::weak_ptr<Store>, std::vector<std::shared_ptr<Recorder>>, std::owner_less<>> by_store;
+  std::map<std::shared_ptr<Store>, std::vector<std::shared_ptr<Recorder>>, std::owner_less<>> by_store;
   for (auto& r : live()) {
     if (r->info().store) by_store[r->info().store].push_back(r);
   }
   std::erase_if(watches, [](const auto& w) { return w.first.expired(); });
-  for (auto& [weak_store, recorders] : by_store) {
-    const std::shared_ptr<Store> store = recorders.front()->info().store;
-    StoreWatch& w = watches[weak_store];
+  for (auto& [store, recorders] : by_store) {
+    StoreWatch& w = watches[store];
     if (w.failures >= 3) continue;  // the store is gone (the job is ending)
     int64_t now = 0;
     try {

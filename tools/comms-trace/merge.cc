@@ -66,20 +66,21 @@ void add_suspects(json& out, const std::map<int, std::vector<json>>& entries, co
   }
   for (const json& r : out["no_dump"]) {
     json named_by = json::array();
-    json failed;  // the earliest failed collective naming r, else the first failed op
+    // Of each naming rank's first failure on r: the earliest collective,
+    // else (only point-to-point or window ops failed) the first of those.
+    const json* failed = nullptr;
+    auto order = [](const json& e) { return collective_of(e) ? collective_of(e) : UINT64_MAX; };
     for (const auto& [rank, list] : entries) {
       for (const json& e : list) {
         if (e.value("state", "") != "failed" || e.value("peer", -1) != r.get<int>()) continue;
         named_by.push_back(rank);
-        const uint64_t n = collective_of(e);
-        if (failed.is_null() || (n && (failed["collective"] == 0 || n < failed["collective"].get<uint64_t>()))) {
-          failed = {{"op", e.value("op", "op")}, {"collective", n}};
-        }
+        if (!failed || order(e) < order(*failed)) failed = &e;
         break;
       }
     }
-    if (named_by.empty()) continue;
-    json s = {{"rank", r}, {"named_by", named_by}, {"failed_op", failed["op"]}, {"failed_collective", failed["collective"]}};
+    if (!failed) continue;
+    json s = {{"rank", r}, {"named_by", named_by}, {"failed_op", failed->value("op", "op")},
+              {"failed_collective", collective_of(*failed)}};
     if (all_completed != UINT64_MAX && all_completed > 0) {
       s["last_completed_by_all"] = {{"collective", all_completed}, {"op", op_at(collectives, all_completed)}};
     }
